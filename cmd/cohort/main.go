@@ -1,0 +1,126 @@
+// Command cohort is the Cohort service: the gateway (serve), the operator's
+// CLI (admin) and the database migrator (migrate).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/uptrace/bun"
+
+	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+const usage = `cohort — hosts interns (long-running AI agents) behind an OpenAI-compatible API.
+
+Usage:
+  cohort serve   [flags]       run the gateway
+  cohort admin   <noun> <verb> the operator's CLI (cohort admin help)
+  cohort migrate [flags]       apply database migrations and exit
+
+Run "cohort <command> -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "cohort:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("missing command")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stdout, stderr)
+	case "admin":
+		return admin(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		return migrateCmd(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+// env returns the value of a COHORT_* variable, or def.
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func envBool(name string, def bool) bool {
+	if v, ok := os.LookupEnv(name); ok {
+		b, err := strconv.ParseBool(v)
+		if err == nil {
+			return b
+		}
+	}
+	return def
+}
+
+// dbFlags registers the flags every command that opens the database shares.
+func dbFlags(fs *flag.FlagSet, cfg *config.Config) {
+	fs.StringVar(&cfg.DataDir, "data-dir", env("COHORT_DATA_DIR", cfg.DataDir), "data directory: embedded database, key files, bootstrap.json (COHORT_DATA_DIR)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", env("COHORT_DATABASE_URL", cfg.DatabaseURL), "postgres://… for PostgreSQL; empty for the embedded SQLite file in the data directory (COHORT_DATABASE_URL)")
+}
+
+// openDB opens and migrates the configured database.
+func openDB(ctx context.Context, cfg config.Config) (*bun.DB, error) {
+	db, err := store.Open(ctx, cfg.DatabaseURL, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dbFlags(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	db, err := openDB(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	fmt.Fprintln(stdout, "migrations applied")
+	return nil
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+
+	"github.com/cohort-dev/cohort/internal/bootstrap"
+	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/server"
+)
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Listen, "listen", env("COHORT_LISTEN", cfg.Listen), "address for HTTP/1.1 and h2c (COHORT_LISTEN)")
+	dbFlags(fs, &cfg)
+	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
+	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	db, err := openDB(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	if !cfg.NoBootstrap {
+		res, err := bootstrap.Run(ctx, db)
+		if err != nil {
+			return fmt.Errorf("bootstrap: %w", err)
+		}
+		if res != nil {
+			path, err := bootstrap.Write(cfg.DataDir, res)
+			if err != nil {
+				return fmt.Errorf("write bootstrap file: %w", err)
+			}
+			fmt.Fprintf(stdout, "Bootstrapped a new database. These keys are shown once; they are also in %s (mode 0600).\n", path)
+			fmt.Fprintf(stdout, "  organization_id: %s\n  management_key:  %s\n  workspace_id:    %s\n  workspace_key:   %s\n  intern_id:       %s\n",
+				res.OrganizationID, res.ManagementKey, res.WorkspaceID, res.WorkspaceKey, res.InternID)
+		}
+	}
+
+	srv := server.New(db, log)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
+	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
+	log.Info("listening", "addr", ln.Addr().String())
+
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

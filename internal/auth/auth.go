@@ -1,0 +1,227 @@
+// Package auth turns a bearer credential into a Principal: the organization,
+// workspace, user and key kind a request acts as. Key state is read from the
+// database on every request, so a disabled or deleted key stops working on
+// the very next one.
+package auth
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
+
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/keys"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// KindOperator is the principal of the operator CLI, which acts on the
+// database directly and may do everything a management key may.
+const KindOperator = "operator"
+
+// Principal is who a request acts as.
+type Principal struct {
+	OrganizationID string
+	KeyID          string
+	// KeyKind is store.KeyManagement, KeyWorkspace, KeyPersonal or KindOperator.
+	KeyKind string
+	// WorkspaceID is a workspace key's workspace or a personal key's active
+	// workspace; empty for management keys.
+	WorkspaceID string
+	// UserID is the user who created the key (the user the key acts as).
+	UserID string
+
+	InternsProgramme bool
+	WorkloadIdentity bool
+	VaultWrites      bool
+
+	// CreatorLeft is set when the key's creator has left the organization;
+	// CreatorHasGrant when that user still holds a grant covering the key.
+	CreatorLeft     bool
+	CreatorHasGrant bool
+
+	// AccessToken is set when the credential was a federation access token
+	// acting as the key, rather than the key itself.
+	AccessToken bool
+}
+
+// IsManagement reports whether p may perform organization admin operations.
+func (p *Principal) IsManagement() bool {
+	return p.KeyKind == store.KeyManagement || p.KeyKind == KindOperator
+}
+
+// Departed reports whether the key's creator left and holds no grant.
+func (p *Principal) Departed() bool { return p.CreatorLeft && !p.CreatorHasGrant }
+
+// Operator returns the principal of the operator CLI for an organization.
+func Operator(orgID string) *Principal {
+	return &Principal{OrganizationID: orgID, KeyKind: KindOperator, InternsProgramme: true, WorkloadIdentity: true, VaultWrites: true}
+}
+
+type ctxKey struct{}
+
+// With returns ctx carrying p.
+func With(ctx context.Context, p *Principal) context.Context {
+	return context.WithValue(ctx, ctxKey{}, p)
+}
+
+// From returns the principal in ctx, or nil.
+func From(ctx context.Context) *Principal {
+	p, _ := ctx.Value(ctxKey{}).(*Principal)
+	return p
+}
+
+// Require returns the principal in ctx or a 401.
+func Require(ctx context.Context) (*Principal, error) {
+	if p := From(ctx); p != nil {
+		return p, nil
+	}
+	return nil, apierr.Unauthenticated("missing API key")
+}
+
+// TokenVerifier checks a federation access token and returns the id of the
+// API key it acts as. The federation package implements it.
+type TokenVerifier interface {
+	VerifyAccessToken(ctx context.Context, token string) (keyID string, err error)
+}
+
+// Authenticator resolves bearer credentials against the database.
+type Authenticator struct {
+	DB *bun.DB
+	// Tokens, when set, accepts federation access tokens (JWTs).
+	Tokens TokenVerifier
+}
+
+// keyRow is the one query behind every authenticated request.
+type keyRow struct {
+	ID               string     `bun:"id"`
+	OrganizationID   string     `bun:"organization_id"`
+	WorkspaceID      *string    `bun:"workspace_id"`
+	UserID           string     `bun:"user_id"`
+	Kind             string     `bun:"kind"`
+	Hash             string     `bun:"hash"`
+	DisabledAt       *time.Time `bun:"disabled_at"`
+	DeletedAt        *time.Time `bun:"deleted_at"`
+	InternsProgramme bool       `bun:"interns_programme"`
+	WorkloadIdentity bool       `bun:"workload_identity"`
+	VaultWrites      bool       `bun:"vault_writes"`
+	Member           bool       `bun:"member"`
+	LeftAt           *time.Time `bun:"left_at"`
+	HasGrant         bool       `bun:"has_grant"`
+}
+
+const keyQuery = `SELECT k.id, k.organization_id, k.workspace_id, k.user_id, k.kind, k.hash,
+	k.disabled_at, k.deleted_at, o.interns_programme, o.workload_identity, o.vault_writes,
+	m.user_id IS NOT NULL AS member, m.left_at,
+	EXISTS (SELECT 1 FROM grants g WHERE g.organization_id = k.organization_id AND g.user_id = k.user_id
+		AND (g.workspace_id IS NULL OR g.workspace_id = k.workspace_id)) AS has_grant
+FROM api_keys k
+JOIN organizations o ON o.id = k.organization_id
+LEFT JOIN memberships m ON m.organization_id = k.organization_id AND m.user_id = k.user_id
+WHERE `
+
+// Bearer resolves the value of an Authorization header.
+func (a *Authenticator) Bearer(ctx context.Context, header string) (*Principal, error) {
+	scheme, cred, ok := strings.Cut(header, " ")
+	if header == "" {
+		return nil, apierr.Unauthenticated("missing API key: send Authorization: Bearer <API_KEY>")
+	}
+	if !ok || !strings.EqualFold(scheme, "Bearer") || cred == "" {
+		return nil, apierr.Unauthenticated("malformed Authorization header: want Bearer <API_KEY>")
+	}
+	cred = strings.TrimSpace(cred)
+	if keys.WellFormed(cred) {
+		return a.byKey(ctx, cred)
+	}
+	if a.Tokens != nil && strings.Count(cred, ".") == 2 {
+		keyID, err := a.Tokens.VerifyAccessToken(ctx, cred)
+		if err != nil {
+			return nil, err
+		}
+		p, err := a.lookup(ctx, "k.id = ?", keyID, "")
+		if err != nil {
+			return nil, err
+		}
+		p.AccessToken = true
+		return p, nil
+	}
+	return nil, apierr.Unauthenticated("invalid API key")
+}
+
+func (a *Authenticator) byKey(ctx context.Context, key string) (*Principal, error) {
+	h := keys.Hash(key)
+	return a.lookup(ctx, "k.hash = ?", h, h)
+}
+
+func (a *Authenticator) lookup(ctx context.Context, where string, arg any, wantHash string) (*Principal, error) {
+	var r keyRow
+	err := a.DB.NewRaw(keyQuery+where, arg).Scan(ctx, &r)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, apierr.Unauthenticated("invalid API key")
+	}
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	// The index lookup found the row; compare in constant time anyway so the
+	// decision never depends on a short-circuiting string comparison.
+	if wantHash != "" && !keys.Equal(r.Hash, wantHash) {
+		return nil, apierr.Unauthenticated("invalid API key")
+	}
+	if r.DeletedAt != nil {
+		return nil, apierr.Unauthenticated("invalid API key")
+	}
+	if r.DisabledAt != nil {
+		return nil, apierr.Unauthenticated("API key is disabled")
+	}
+	p := &Principal{
+		OrganizationID:   r.OrganizationID,
+		KeyID:            r.ID,
+		KeyKind:          r.Kind,
+		UserID:           r.UserID,
+		InternsProgramme: r.InternsProgramme,
+		WorkloadIdentity: r.WorkloadIdentity,
+		VaultWrites:      r.VaultWrites,
+		CreatorLeft:      !r.Member || r.LeftAt != nil,
+		CreatorHasGrant:  r.HasGrant,
+	}
+	if r.WorkspaceID != nil {
+		p.WorkspaceID = *r.WorkspaceID
+	}
+	return p, nil
+}
+
+// ConnectInterceptor authenticates every call of the services it wraps and
+// puts the principal in the context.
+func (a *Authenticator) ConnectInterceptor() connect.Interceptor {
+	return connectAuth{a}
+}
+
+type connectAuth struct{ a *Authenticator }
+
+func (c connectAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		p, err := c.a.Bearer(ctx, req.Header().Get("Authorization"))
+		if err != nil {
+			return nil, err
+		}
+		return next(With(ctx, p), req)
+	}
+}
+
+func (c connectAuth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (c connectAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		p, err := c.a.Bearer(ctx, conn.RequestHeader().Get("Authorization"))
+		if err != nil {
+			return err
+		}
+		return next(With(ctx, p), conn)
+	}
+}

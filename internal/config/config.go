@@ -1,0 +1,32 @@
+// Package config is the typed configuration of `cohort serve`, with its
+// defaults. cmd/cohort fills it from flags and COHORT_* variables.
+package config
+
+import "time"
+
+// Config configures the gateway.
+type Config struct {
+	// Listen is the address for HTTP/1.1 and h2c.
+	Listen string
+	// DataDir holds the embedded database, key files and bootstrap.json.
+	DataDir string
+	// DatabaseURL selects PostgreSQL (postgres://…); empty means the
+	// embedded SQLite file in DataDir.
+	DatabaseURL string
+	// NoBootstrap skips creating the default organization on an empty database.
+	NoBootstrap bool
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// ShutdownTimeout bounds graceful shutdown.
+	ShutdownTimeout time.Duration
+}
+
+// Default returns the defaults the README documents.
+func Default() Config {
+	return Config{
+		Listen:          "127.0.0.1:8080",
+		DataDir:         "./.cohort",
+		LogLevel:        "info",
+		ShutdownTimeout: 10 * time.Second,
+	}
+}

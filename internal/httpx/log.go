@@ -1,0 +1,71 @@
+package httpx
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/apierr"
+)
+
+type loggerKey struct{}
+
+// WithLogger returns ctx carrying the request logger.
+func WithLogger(ctx context.Context, l *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey{}, l)
+}
+
+// LoggerFrom returns the logger in ctx, or slog's default.
+func LoggerFrom(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
+}
+
+// LogFault logs a server-side failure with its internal cause. Bodies and
+// headers are never logged: they may hold keys or secret values.
+func LogFault(r *http.Request, e *apierr.Error) {
+	LoggerFrom(r.Context()).ErrorContext(r.Context(), "request failed",
+		"method", r.Method, "path", r.URL.Path, "status", e.Status, "reason", e.Reason, "err", e.Cause)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush and deadlines.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// AccessLog logs one line per request: method, path, status, duration. A
+// client that hung up before an answer is logged as 499.
+func AccessLog(l *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r.WithContext(WithLogger(r.Context(), l)))
+		status := sw.status
+		if status == 0 && r.Context().Err() != nil {
+			status = 499
+		}
+		l.LogAttrs(r.Context(), slog.LevelInfo, "http",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("status", status), slog.Duration("duration", time.Since(start)))
+	})
+}

@@ -1,0 +1,260 @@
+// Package interns implements intern records: create, read, update (the
+// model), suspend, resume and delete. Hosting them (daemons, agents) hangs
+// off the Lifecycle hook; the records are what chat and the vault check.
+package interns
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/uptrace/bun"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// Bounds on intern fields (docs/decisions.md).
+const (
+	MaxName  = 100
+	MaxModel = 256
+	// DemoModel is the built-in offline model.
+	DemoModel = "cohort/demo"
+)
+
+// ErrOutsideProgramme is the 404 without a reason that callers outside the
+// interns programme get on every intern and vault route.
+var ErrOutsideProgramme = apierr.New(http.StatusNotFound, "", "not found")
+
+// Lifecycle is told about state changes so a provisioner can start and stop
+// daemons. It may be nil.
+type Lifecycle interface {
+	Changed(ctx context.Context, intern *store.Intern)
+}
+
+// Service implements the intern operations.
+type Service struct {
+	DB        *bun.DB
+	Now       func() time.Time
+	Lifecycle Lifecycle
+}
+
+func (s *Service) now() time.Time {
+	return store.Now(s.Now)
+}
+
+// CheckProgramme refuses principals outside the interns programme.
+func CheckProgramme(p *auth.Principal) error {
+	if p == nil {
+		return apierr.Unauthenticated("missing API key")
+	}
+	if !p.InternsProgramme {
+		return ErrOutsideProgramme
+	}
+	return nil
+}
+
+// workspaceFor picks the workspace a request acts on: the key's own, or for
+// a management key the one named. There is no fallback to another scope.
+func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named string) (string, error) {
+	if p.IsManagement() {
+		if named == "" {
+			return "", apierr.BadRequest("workspace_id is required with a management key")
+		}
+		ok, err := s.DB.NewSelect().Model((*store.Workspace)(nil)).Where("id = ? AND organization_id = ?", named, p.OrganizationID).Exists(ctx)
+		if err != nil {
+			return "", apierr.Internal(err)
+		}
+		if !ok {
+			return "", apierr.NotFound("workspace %q not found", named)
+		}
+		return named, nil
+	}
+	if p.WorkspaceID == "" {
+		return "", apierr.Forbidden("this key has no active workspace")
+	}
+	if named != "" && named != p.WorkspaceID {
+		return "", apierr.NotFound("workspace %q not found", named)
+	}
+	return p.WorkspaceID, nil
+}
+
+func checkFields(name, model *string) error {
+	if name != nil {
+		if strings.TrimSpace(*name) == "" || utf8.RuneCountInString(*name) > MaxName {
+			return apierr.BadRequest("name must be 1 to %d characters", MaxName)
+		}
+	}
+	if model != nil {
+		if strings.TrimSpace(*model) == "" || utf8.RuneCountInString(*model) > MaxModel {
+			return apierr.BadRequest("model must be 1 to %d characters", MaxModel)
+		}
+	}
+	return nil
+}
+
+// Create makes an intern record in provisioning state.
+func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.CreateInternRequest) (*cohortv1.Intern, error) {
+	if err := CheckProgramme(p); err != nil {
+		return nil, err
+	}
+	ws, err := s.workspaceFor(ctx, p, req.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	name, model := req.GetName(), req.GetModel()
+	if model == "" {
+		model = DemoModel
+	}
+	if err := checkFields(&name, &model); err != nil {
+		return nil, err
+	}
+	in := &store.Intern{ID: uuid.NewString(), OrganizationID: p.OrganizationID, WorkspaceID: ws, Name: name,
+		Model: model, State: store.InternProvisioning, CreatedBy: p.UserID, CreatedAt: s.now()}
+	if _, err := s.DB.NewInsert().Model(in).Exec(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	s.changed(ctx, in)
+	return Proto(in), nil
+}
+
+func (s *Service) changed(ctx context.Context, in *store.Intern) {
+	if s.Lifecycle != nil {
+		s.Lifecycle.Changed(ctx, in)
+	}
+}
+
+// Load returns the live intern id in the caller's scope. A missing intern,
+// a deleted one and one of another workspace are the same 404 not_found.
+func (s *Service) Load(ctx context.Context, p *auth.Principal, id string) (*store.Intern, error) {
+	if err := CheckProgramme(p); err != nil {
+		return nil, err
+	}
+	var in store.Intern
+	q := s.DB.NewSelect().Model(&in).Where("id = ? AND organization_id = ? AND state <> ?", id, p.OrganizationID, store.InternDeleted)
+	if !p.IsManagement() {
+		q = q.Where("workspace_id = ?", p.WorkspaceID)
+	}
+	err := q.Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, apierr.NotFound("intern %q not found", id)
+	}
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	return &in, nil
+}
+
+// Get returns one intern.
+func (s *Service) Get(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
+	in, err := s.Load(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return Proto(in), nil
+}
+
+// List returns the live interns of a workspace.
+func (s *Service) List(ctx context.Context, p *auth.Principal, workspaceID string) ([]*cohortv1.Intern, error) {
+	if err := CheckProgramme(p); err != nil {
+		return nil, err
+	}
+	ws, err := s.workspaceFor(ctx, p, workspaceID)
+	if err != nil {
+		return nil, err
+	}
+	var rows []store.Intern
+	err = s.DB.NewSelect().Model(&rows).Where("workspace_id = ? AND state <> ?", ws, store.InternDeleted).Order("created_at", "id").Scan(ctx)
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	out := make([]*cohortv1.Intern, len(rows))
+	for i := range rows {
+		out[i] = Proto(&rows[i])
+	}
+	return out, nil
+}
+
+// Update changes an intern's name or model.
+func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.UpdateInternRequest) (*cohortv1.Intern, error) {
+	in, err := s.Load(ctx, p, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFields(req.Name, req.Model); err != nil {
+		return nil, err
+	}
+	if req.Name != nil {
+		in.Name = req.GetName()
+	}
+	if req.Model != nil {
+		in.Model = req.GetModel()
+	}
+	now := s.now()
+	in.UpdatedAt = &now
+	if _, err := s.DB.NewUpdate().Model(in).Column("name", "model", "updated_at").WherePK().Exec(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	s.changed(ctx, in)
+	return Proto(in), nil
+}
+
+// transition moves an intern from one of the from states to to.
+func (s *Service) transition(ctx context.Context, p *auth.Principal, id, to string, from ...string) (*cohortv1.Intern, error) {
+	in, err := s.Load(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	for _, f := range from {
+		ok = ok || in.State == f
+	}
+	if !ok {
+		return nil, apierr.Conflict("conflict", "intern is %s", in.State)
+	}
+	return s.SetState(ctx, in, to)
+}
+
+// SetState records a new state (the provisioner uses it too).
+func (s *Service) SetState(ctx context.Context, in *store.Intern, to string) (*cohortv1.Intern, error) {
+	now := s.now()
+	in.State, in.UpdatedAt = to, &now
+	if _, err := s.DB.NewUpdate().Model(in).Column("state", "updated_at").WherePK().Exec(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	s.changed(ctx, in)
+	return Proto(in), nil
+}
+
+// Suspend stops a provisioning or running intern.
+func (s *Service) Suspend(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
+	return s.transition(ctx, p, id, store.InternSuspended, store.InternProvisioning, store.InternRunning)
+}
+
+// Resume provisions a suspended intern again.
+func (s *Service) Resume(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
+	return s.transition(ctx, p, id, store.InternProvisioning, store.InternSuspended)
+}
+
+// Delete removes an intern; afterwards it is not found.
+func (s *Service) Delete(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
+	return s.transition(ctx, p, id, store.InternDeleted, store.InternProvisioning, store.InternRunning, store.InternSuspended)
+}
+
+// Proto converts a row.
+func Proto(in *store.Intern) *cohortv1.Intern {
+	out := &cohortv1.Intern{Id: in.ID, WorkspaceId: in.WorkspaceID, Name: in.Name, Model: in.Model, State: in.State,
+		CreatedAt: timestamppb.New(in.CreatedAt)}
+	if in.UpdatedAt != nil {
+		out.UpdatedAt = timestamppb.New(*in.UpdatedAt)
+	}
+	return out
+}

@@ -1,0 +1,106 @@
+// Package store opens Cohort's database (SQLite by default, PostgreSQL for
+// scale), runs its migrations, and defines the rows that domain packages read
+// and write with bun. It knows no business rules.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
+)
+
+// Open connects to databaseURL, or when it is empty to the embedded SQLite
+// file cohort.db in dataDir (created if missing). It does not migrate.
+func Open(ctx context.Context, databaseURL, dataDir string) (*bun.DB, error) {
+	if IsPostgres(databaseURL) {
+		sqldb, err := sql.Open("pgx", databaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("open postgres: %w", err)
+		}
+		sqldb.SetMaxOpenConns(32)
+		sqldb.SetMaxIdleConns(32)
+		db := bun.NewDB(sqldb, pgdialect.New())
+		if err := db.PingContext(ctx); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("connect to postgres: %w", err)
+		}
+		return db, nil
+	}
+	if databaseURL != "" && !strings.HasPrefix(databaseURL, "sqlite:") {
+		return nil, fmt.Errorf("database url: want postgres://… or sqlite:PATH, got scheme %q", scheme(databaseURL))
+	}
+	path := strings.TrimPrefix(databaseURL, "sqlite:")
+	if path == "" {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create data directory: %w", err)
+		}
+		path = filepath.Join(dataDir, "cohort.db")
+	}
+	return OpenSQLite(ctx, path)
+}
+
+// OpenSQLite opens (creating) the SQLite database file at path with WAL,
+// foreign keys and a busy timeout.
+func OpenSQLite(ctx context.Context, path string) (*bun.DB, error) {
+	// The database holds key hashes and wrapped keys: owner-only.
+	if f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600); err == nil {
+		f.Close()
+	}
+	dsn := "file:" + path + "?_pragma=foreign_keys(1)&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	sqldb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	// SQLite has one writer at a time. One connection serialises writers in
+	// Go instead of in SQLite's busy handler, which sleeps and retries.
+	sqldb.SetMaxOpenConns(1)
+	db := bun.NewDB(sqldb, sqlitedialect.New())
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// IsPostgres reports whether url names a PostgreSQL database.
+func IsPostgres(url string) bool {
+	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
+}
+
+func scheme(url string) string {
+	if i := strings.Index(url, ":"); i > 0 {
+		return url[:i]
+	}
+	return url
+}
+
+// IsUniqueViolation reports whether err is a unique-constraint violation on
+// either database.
+func IsUniqueViolation(err error) bool {
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "UNIQUE constraint failed") || strings.Contains(s, "SQLSTATE 23505")
+}
+
+// Now returns clock() (or the wall clock when nil) in UTC, truncated to the
+// microsecond both databases keep, so what a create returns equals what a
+// later read returns.
+func Now(clock func() time.Time) time.Time {
+	t := time.Now()
+	if clock != nil {
+		t = clock()
+	}
+	return t.UTC().Truncate(time.Microsecond)
+}
