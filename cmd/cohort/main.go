@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -84,6 +86,7 @@ func envBool(name string, def bool) bool {
 // dbFlags registers the flags every command that opens the database shares.
 func dbFlags(fs *flag.FlagSet, cfg *config.Config) {
 	fs.StringVar(&cfg.DataDir, "data-dir", env("COHORT_DATA_DIR", cfg.DataDir), "data directory: embedded database, key files, bootstrap.json (COHORT_DATA_DIR)")
+	fs.StringVar(&cfg.KEKFile, "kek-file", env("COHORT_KEK_FILE", cfg.KEKFile), "key-encryption key (Tink keyset JSON); default <data-dir>/kek.json, created on first start (COHORT_KEK_FILE)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("COHORT_DATABASE_URL", cfg.DatabaseURL), "postgres://… for PostgreSQL; empty for the embedded SQLite file in the data directory (COHORT_DATABASE_URL)")
 }
 
@@ -98,6 +101,15 @@ func openDB(ctx context.Context, cfg config.Config) (*bun.DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// loadKEK loads the configured key-encryption key. The default file in the
+// data directory is created on first use; an operator-supplied one must exist.
+func loadKEK(cfg config.Config) (*envelope.KEK, error) {
+	if cfg.KEKFile != "" {
+		return envelope.Load(cfg.KEKFile)
+	}
+	return envelope.LoadOrCreate(filepath.Join(cfg.DataDir, "kek.json"))
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

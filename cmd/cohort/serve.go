@@ -52,7 +52,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	srv := server.New(db, log)
+	kek, err := loadKEK(cfg)
+	if err != nil {
+		return err
+	}
+	srv := server.New(db, kek, log)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

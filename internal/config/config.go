@@ -13,6 +13,9 @@ type Config struct {
 	// DatabaseURL selects PostgreSQL (postgres://…); empty means the
 	// embedded SQLite file in DataDir.
 	DatabaseURL string
+	// KEKFile is the key-encryption key (a Tink keyset file). Empty means
+	// <DataDir>/kek.json, created on first start.
+	KEKFile string
 	// NoBootstrap skips creating the default organization on an empty database.
 	NoBootstrap bool
 	// LogLevel is debug, info, warn or error.

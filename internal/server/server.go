@@ -14,6 +14,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/accounts"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -26,17 +27,19 @@ const Prefix = "/api/v1"
 type Server struct {
 	DB         *bun.DB
 	Log        *slog.Logger
+	KEK        *envelope.KEK
 	Auth       *auth.Authenticator
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
 }
 
-// New builds the services over db.
-func New(db *bun.DB, log *slog.Logger) *Server {
+// New builds the services over db, with kek wrapping the service's own keys.
+func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 	return &Server{
 		DB:         db,
 		Log:        log,
+		KEK:        kek,
 		Auth:       &auth.Authenticator{DB: db},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},

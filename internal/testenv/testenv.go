@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/bootstrap"
+	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
@@ -47,7 +49,11 @@ func New(t testing.TB, db *bun.DB, configure ...func(*server.Server)) *Env {
 	}
 	logs := &lockedWriter{w: &strings.Builder{}}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv := server.New(db, log)
+	kek, err := envelope.LoadOrCreate(filepath.Join(t.TempDir(), "kek.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(db, kek, log)
 	for _, c := range configure {
 		c(srv)
 	}

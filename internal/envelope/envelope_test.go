@@ -1,0 +1,102 @@
+package envelope_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/envelope"
+)
+
+func TestWrapUnwrapAndBinding(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "kek.json")
+	k, err := envelope.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Fatalf("kek file mode %v, want 0600", st.Mode().Perm())
+	}
+	secret := []byte("data key material")
+	ct, err := k.Wrap(secret, []byte("vault:a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(ct, secret) {
+		t.Fatal("wrapped material contains the plaintext")
+	}
+	pt, err := k.Unwrap(ct, []byte("vault:a"))
+	if err != nil || !bytes.Equal(pt, secret) {
+		t.Fatalf("unwrap: %q %v", pt, err)
+	}
+	if _, err := k.Unwrap(ct, []byte("vault:b")); err != envelope.ErrUnwrap {
+		t.Fatalf("other associated data: want ErrUnwrap, got %v", err)
+	}
+	ct[len(ct)-1] ^= 1
+	if _, err := k.Unwrap(ct, []byte("vault:a")); err != envelope.ErrUnwrap {
+		t.Fatalf("tampered: want ErrUnwrap, got %v", err)
+	}
+	// Loading again gives the same key.
+	k2, err := envelope.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct2, _ := k.Wrap(secret, nil)
+	if _, err := k2.Unwrap(ct2, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRotateWithoutRestart(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "kek.json")
+	running, err := envelope.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := running.Wrap([]byte("old"), nil)
+	before := running.PrimaryKeyID()
+	time.Sleep(10 * time.Millisecond) // let the file's mtime move
+	id, err := envelope.Rotate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id == before {
+		t.Fatal("rotation kept the primary key")
+	}
+	// A CLI process loads the rotated file and wraps with the new key...
+	cli, err := envelope.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := cli.Wrap([]byte("new"), nil)
+	// ...and the server that loaded the old file still opens it, and the old.
+	if pt, err := running.Unwrap(fresh, nil); err != nil || string(pt) != "new" {
+		t.Fatalf("running server could not open material wrapped after rotation: %v", err)
+	}
+	if pt, err := running.Unwrap(old, nil); err != nil || string(pt) != "old" {
+		t.Fatalf("old material: %v", err)
+	}
+	if running.PrimaryKeyID() != id {
+		t.Fatal("running server did not pick up the new primary key")
+	}
+}
+
+func TestRefusesWorldReadableFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "kek.json")
+	if _, err := envelope.LoadOrCreate(path); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(path, 0o644)
+	if _, err := envelope.Load(path); err == nil {
+		t.Fatal("world-readable KEK file accepted")
+	}
+	os.WriteFile(filepath.Join(filepath.Dir(path), "bad.json"), []byte("{}"), 0o600)
+	if _, err := envelope.Load(filepath.Join(filepath.Dir(path), "bad.json")); err == nil {
+		t.Fatal("garbage KEK file accepted")
+	}
+}
