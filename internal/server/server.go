@@ -97,4 +97,3 @@ func HTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 }
-

@@ -28,7 +28,7 @@ type Env struct {
 	Server *server.Server
 	HTTP   *httptest.Server
 	// URL is the API base, ending in /api/v1.
-	URL string
+	URL  string
 	logs *lockedWriter
 	bootstrap.Result
 	// AdminUserID is the bootstrap admin, creator of both keys.
