@@ -1,0 +1,127 @@
+package interns_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/testenv"
+)
+
+func authed[T any](key string, msg *T) *connect.Request[T] {
+	r := connect.NewRequest(msg)
+	r.Header().Set("Authorization", "Bearer "+key)
+	return r
+}
+
+func TestInternLifecycle(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		c := cohortv1connect.NewInternServiceClient(e.HTTPClient(), e.URL)
+		// A workspace key creates in its own workspace; the model defaults to cohort/demo.
+		res, err := c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "helper"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := res.Msg.GetIntern()
+		if in.GetWorkspaceId() != e.WorkspaceID || in.GetModel() != "cohort/demo" || in.GetState() != "provisioning" {
+			t.Fatalf("created %v", in)
+		}
+		model := "openai/gpt-5"
+		u, err := c.UpdateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.UpdateInternRequest{Id: in.GetId(), Model: &model}))
+		if err != nil || u.Msg.GetIntern().GetModel() != model || u.Msg.GetIntern().GetUpdatedAt() == nil || u.Msg.GetIntern().GetName() != "helper" {
+			t.Fatalf("update: %v %v", u, err)
+		}
+		steps := []struct {
+			op   func() (*cohortv1.Intern, error)
+			want string
+		}{
+			{func() (*cohortv1.Intern, error) {
+				r, err := c.SuspendIntern(ctx, authed(e.WorkspaceKey, &cohortv1.SuspendInternRequest{Id: in.GetId()}))
+				return r.Msg.GetIntern(), err
+			}, "suspended"},
+			{func() (*cohortv1.Intern, error) {
+				r, err := c.ResumeIntern(ctx, authed(e.WorkspaceKey, &cohortv1.ResumeInternRequest{Id: in.GetId()}))
+				return r.Msg.GetIntern(), err
+			}, "provisioning"},
+			{func() (*cohortv1.Intern, error) {
+				r, err := c.DeleteIntern(ctx, authed(e.WorkspaceKey, &cohortv1.DeleteInternRequest{Id: in.GetId()}))
+				return r.Msg.GetIntern(), err
+			}, "deleted"},
+		}
+		for _, s := range steps {
+			got, err := s.op()
+			if err != nil || got.GetState() != s.want {
+				t.Fatalf("want %s: %v %v", s.want, got, err)
+			}
+		}
+		// A deleted intern is not found anywhere.
+		_, err = c.GetIntern(ctx, authed(e.WorkspaceKey, &cohortv1.GetInternRequest{Id: in.GetId()}))
+		if apierr.FromConnect(err).Reason != "not_found" {
+			t.Fatalf("get deleted: %v", err)
+		}
+		l, err := c.ListInterns(ctx, authed(e.WorkspaceKey, &cohortv1.ListInternsRequest{}))
+		if err != nil || len(l.Msg.GetInterns()) != 1 || l.Msg.GetInterns()[0].GetId() != e.InternID {
+			t.Fatalf("list: %v %v", l, err)
+		}
+	})
+}
+
+func TestInternScopeAndProgramme(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		c := cohortv1connect.NewInternServiceClient(e.HTTPClient(), e.URL)
+		name := "Second"
+		w2, err := e.Server.Workspaces.Create(ctx, e.Operator(), &cohortv1.CreateWorkspaceRequest{Name: &name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k2 := e.NewKey(t, "workspace", w2.GetId())
+		// Another workspace's key cannot see the demo intern: the same 404 as a missing one.
+		_, err = c.GetIntern(ctx, authed(k2, &cohortv1.GetInternRequest{Id: e.InternID}))
+		miss := apierr.FromConnect(err)
+		_, err = c.GetIntern(ctx, authed(k2, &cohortv1.GetInternRequest{Id: "00000000-0000-0000-0000-000000000000"}))
+		other := apierr.FromConnect(err)
+		if miss.Status != 404 || miss.Reason != "not_found" || other.Status != 404 || other.Reason != "not_found" {
+			t.Fatalf("other workspace %+v vs missing %+v", miss, other)
+		}
+		// A management key must name the workspace.
+		_, err = c.CreateIntern(ctx, authed(e.ManagementKey, &cohortv1.CreateInternRequest{Name: "x"}))
+		if apierr.FromConnect(err).Status != 400 {
+			t.Fatalf("management key without workspace: %v", err)
+		}
+		if _, err = c.CreateIntern(ctx, authed(e.ManagementKey, &cohortv1.CreateInternRequest{Name: "x", WorkspaceId: w2.GetId()})); err != nil {
+			t.Fatal(err)
+		}
+		// Bounds: name 100 ok, 101 refused; model 256 ok, 257 refused.
+		for _, c2 := range []struct {
+			name, model string
+			status      int
+		}{
+			{strings.Repeat("n", 100), "m", 0}, {strings.Repeat("n", 101), "m", 400}, {"", "m", 400},
+			{"n", strings.Repeat("m", 256), 0}, {"n", strings.Repeat("m", 257), 400},
+		} {
+			_, err := c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: c2.name, Model: c2.model}))
+			if (c2.status == 0 && err != nil) || (c2.status != 0 && apierr.FromConnect(err).Status != c2.status) {
+				t.Errorf("name %d model %d: %v", len(c2.name), len(c2.model), err)
+			}
+		}
+		// Outside the interns programme every intern route is a plain 404.
+		if _, err := e.Server.Accounts.SetEntitlements(ctx, auth.Operator(""), e.OrganizationID, &cohortv1.Entitlements{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.GetIntern(ctx, authed(e.WorkspaceKey, &cohortv1.GetInternRequest{Id: e.InternID}))
+		if got := apierr.FromConnect(err); got.Status != http.StatusNotFound || got.Reason != "" {
+			t.Fatalf("outside programme: %+v", got)
+		}
+	})
+}
