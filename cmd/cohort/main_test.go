@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var listenRE = regexp.MustCompile(`listening on (http://\S+)`)
+
+// startServe runs `cohort serve` in-process and returns its base URL, its
+// stdout and a stop function that waits for graceful shutdown.
+func startServe(t *testing.T, args ...string) (string, *syncBuf, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, errOut := &syncBuf{}, &syncBuf{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), out, errOut) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := listenRE.FindStringSubmatch(out.String()); m != nil {
+			return m[1], out, func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("serve: %v", err)
+				}
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve exited: %v\n%s", err, errOut.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	t.Fatalf("serve did not start:\n%s\n%s", out.String(), errOut.String())
+	return "", nil, nil
+}
+
+func TestServeBootstrapsOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	url, out, stop := startServe(t, "--data-dir", dir)
+	b, err := os.ReadFile(filepath.Join(dir, "bootstrap.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(filepath.Join(dir, "bootstrap.json"))
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("bootstrap.json mode %v", st.Mode().Perm())
+	}
+	var boot map[string]string
+	if err := json.Unmarshal(b, &boot); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"organization_id", "management_key", "workspace_id", "workspace_key", "intern_id"} {
+		if boot[k] == "" {
+			t.Fatalf("bootstrap.json lacks %s: %s", k, b)
+		}
+		if !strings.Contains(out.String(), boot[k]) {
+			t.Fatalf("first start did not print %s", k)
+		}
+	}
+	// The printed management key works against the running server.
+	req, _ := http.NewRequest("POST", url+"/api/v1/workspaces", strings.NewReader(`{"name":"From the README"}`))
+	req.Header.Set("Authorization", "Bearer "+boot["management_key"])
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 201 {
+		t.Fatalf("create with bootstrap key: %d", res.StatusCode)
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		res, err := http.Get(url + p)
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", p, res, err)
+		}
+		res.Body.Close()
+	}
+	stop()
+	// A second start finds the organization and prints no keys.
+	_, out2, stop2 := startServe(t, "--data-dir", dir)
+	stop2()
+	if strings.Contains(out2.String(), "cohort_mk_") || strings.Contains(out2.String(), "Bootstrapped") {
+		t.Fatalf("second start bootstrapped again:\n%s", out2.String())
+	}
+}
+
+func TestServeNoBootstrapOnPostgres(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, out, stop := startServe(t, "--data-dir", dir, "--database-url", storetest.PostgresURL(t), "--no-bootstrap")
+	stop()
+	if strings.Contains(out.String(), "Bootstrapped") {
+		t.Fatal("--no-bootstrap bootstrapped")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bootstrap.json")); !os.IsNotExist(err) {
+		t.Fatal("--no-bootstrap wrote bootstrap.json")
+	}
+}
+
+func cli(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, &out, &errOut)
+	return out.String(), err
+}
+
+// TestAdminCLI walks the operator's CLI through an organization, a user, a
+// workspace, keys and an intern, reading its --json output.
+func TestAdminCLI(t *testing.T) {
+	t.Parallel()
+	db := []string{"--data-dir", t.TempDir()}
+	var org map[string]any
+	out, err := cli(t, append([]string{"admin", "org", "create", "--name", "Acme", "--interns-programme", "--json"}, db...)...)
+	if err != nil || json.Unmarshal([]byte(out), &org) != nil {
+		t.Fatalf("org create: %v %s", err, out)
+	}
+	orgID := org["id"].(string)
+	if ent := org["entitlements"].(map[string]any); ent["interns_programme"] != true || ent["vault_writes"] != nil {
+		t.Fatalf("entitlements %v", ent)
+	}
+	one := func(args ...string) map[string]any {
+		t.Helper()
+		out, err := cli(t, append(append(args, "--org", orgID, "--json"), db...)...)
+		var m map[string]any
+		if err != nil || json.Unmarshal([]byte(out), &m) != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+		return m
+	}
+	user := one("admin", "user", "create", "--email", "ops@acme.test", "--role", "admin")
+	uid := user["id"].(string)
+	ws := one("admin", "workspace", "create", "--user", uid, "--name", "Ops Team")
+	if ws["slug"] != "ops-team" {
+		t.Fatalf("workspace %v", ws)
+	}
+	key := one("admin", "key", "create", "--user", uid, "--kind", "workspace", "--workspace", ws["id"].(string))
+	if !strings.HasPrefix(key["key"].(string), "cohort_wk_") {
+		t.Fatalf("key %v", key)
+	}
+	keyID := key["api_key"].(map[string]any)["id"].(string)
+	if d := one("admin", "key", "disable", "--id", keyID); d["disabled"] != true {
+		t.Fatalf("disable %v", d)
+	}
+	in := one("admin", "intern", "create", "--workspace", ws["id"].(string), "--name", "bot")
+	if in["model"] != "cohort/demo" || in["state"] != "provisioning" {
+		t.Fatalf("intern %v", in)
+	}
+	if s := one("admin", "intern", "suspend", "--id", in["id"].(string)); s["state"] != "suspended" {
+		t.Fatalf("suspend %v", s)
+	}
+	out, err = cli(t, append([]string{"admin", "key", "list", "--org", orgID, "--json"}, db...)...)
+	var keys []map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &keys) != nil || len(keys) != 1 {
+		t.Fatalf("key list: %v %s", err, out)
+	}
+	if strings.Contains(out, key["key"].(string)) {
+		t.Fatal("key list shows the key")
+	}
+	// Errors are reported, not swallowed.
+	if _, err := cli(t, append([]string{"admin", "key", "create", "--org", orgID, "--user", uid, "--kind", "root"}, db...)...); err == nil {
+		t.Fatal("bad kind accepted")
+	}
+	if _, err := cli(t, "admin", "nope", "nope"); err == nil {
+		t.Fatal("unknown command accepted")
+	}
+	if _, err := cli(t, append([]string{"migrate"}, db...)...); err != nil {
+		t.Fatal(err)
+	}
+}
