@@ -9,10 +9,11 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
-	"time"
+	"sync"
 
 	"connectrpc.com/connect"
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/keys"
@@ -94,35 +95,54 @@ type Authenticator struct {
 	DB *bun.DB
 	// Tokens, when set, accepts federation access tokens (JWTs).
 	Tokens TokenVerifier
+
+	once         sync.Once
+	byHash, byID *sql.Stmt
+	prepErr      error
 }
 
-// keyRow is the one query behind every authenticated request.
-type keyRow struct {
-	ID               string     `bun:"id"`
-	OrganizationID   string     `bun:"organization_id"`
-	WorkspaceID      *string    `bun:"workspace_id"`
-	UserID           string     `bun:"user_id"`
-	Kind             string     `bun:"kind"`
-	Hash             string     `bun:"hash"`
-	DisabledAt       *time.Time `bun:"disabled_at"`
-	DeletedAt        *time.Time `bun:"deleted_at"`
-	InternsProgramme bool       `bun:"interns_programme"`
-	WorkloadIdentity bool       `bun:"workload_identity"`
-	VaultWrites      bool       `bun:"vault_writes"`
-	Member           bool       `bun:"member"`
-	LeftAt           *time.Time `bun:"left_at"`
-	HasGrant         bool       `bun:"has_grant"`
-}
-
+// keyQuery is the one query behind every authenticated request. It is
+// prepared once: parsing it cost more than running it.
 const keyQuery = `SELECT k.id, k.organization_id, k.workspace_id, k.user_id, k.kind, k.hash,
-	k.disabled_at, k.deleted_at, o.interns_programme, o.workload_identity, o.vault_writes,
-	m.user_id IS NOT NULL AS member, m.left_at,
+	k.disabled_at IS NOT NULL, k.deleted_at IS NOT NULL,
+	o.interns_programme, o.workload_identity, o.vault_writes,
+	m.user_id IS NOT NULL AND m.left_at IS NULL,
 	EXISTS (SELECT 1 FROM grants g WHERE g.organization_id = k.organization_id AND g.user_id = k.user_id
-		AND (g.workspace_id IS NULL OR g.workspace_id = k.workspace_id)) AS has_grant
+		AND (g.workspace_id IS NULL OR g.workspace_id = k.workspace_id))
 FROM api_keys k
 JOIN organizations o ON o.id = k.organization_id
 LEFT JOIN memberships m ON m.organization_id = k.organization_id AND m.user_id = k.user_id
 WHERE `
+
+type keyRow struct {
+	id, org, user, kind, hash                 string
+	workspace                                 sql.NullString
+	disabled, deleted                         bool
+	internsProgramme, workloadIdentity, vault bool
+	member, hasGrant                          bool
+}
+
+// stmt returns the prepared lookup by hash or by id.
+func (a *Authenticator) stmt(byID bool) (*sql.Stmt, error) {
+	a.once.Do(func() {
+		ph := "?"
+		if a.DB.Dialect().Name() == dialect.PG {
+			ph = "$1"
+		}
+		// Not the request's context: a cancelled first request must not poison the statement.
+		pctx := context.Background()
+		if a.byHash, a.prepErr = a.DB.DB.PrepareContext(pctx, keyQuery+"k.hash = "+ph); a.prepErr == nil {
+			a.byID, a.prepErr = a.DB.DB.PrepareContext(pctx, keyQuery+"k.id = "+ph)
+		}
+	})
+	if a.prepErr != nil {
+		return nil, a.prepErr
+	}
+	if byID {
+		return a.byID, nil
+	}
+	return a.byHash, nil
+}
 
 // Bearer resolves the value of an Authorization header.
 func (a *Authenticator) Bearer(ctx context.Context, header string) (*Principal, error) {
@@ -135,14 +155,15 @@ func (a *Authenticator) Bearer(ctx context.Context, header string) (*Principal, 
 	}
 	cred = strings.TrimSpace(cred)
 	if keys.WellFormed(cred) {
-		return a.byKey(ctx, cred)
+		h := keys.Hash(cred)
+		return a.lookup(ctx, false, h, h)
 	}
 	if a.Tokens != nil && strings.Count(cred, ".") == 2 {
 		keyID, err := a.Tokens.VerifyAccessToken(ctx, cred)
 		if err != nil {
 			return nil, err
 		}
-		p, err := a.lookup(ctx, "k.id = ?", keyID, "")
+		p, err := a.lookup(ctx, true, keyID, "")
 		if err != nil {
 			return nil, err
 		}
@@ -152,14 +173,14 @@ func (a *Authenticator) Bearer(ctx context.Context, header string) (*Principal, 
 	return nil, apierr.Unauthenticated("invalid API key")
 }
 
-func (a *Authenticator) byKey(ctx context.Context, key string) (*Principal, error) {
-	h := keys.Hash(key)
-	return a.lookup(ctx, "k.hash = ?", h, h)
-}
-
-func (a *Authenticator) lookup(ctx context.Context, where string, arg any, wantHash string) (*Principal, error) {
+func (a *Authenticator) lookup(ctx context.Context, byID bool, arg, wantHash string) (*Principal, error) {
+	st, err := a.stmt(byID)
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
 	var r keyRow
-	err := a.DB.NewRaw(keyQuery+where, arg).Scan(ctx, &r)
+	err = st.QueryRowContext(ctx, arg).Scan(&r.id, &r.org, &r.workspace, &r.user, &r.kind, &r.hash,
+		&r.disabled, &r.deleted, &r.internsProgramme, &r.workloadIdentity, &r.vault, &r.member, &r.hasGrant)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, apierr.Unauthenticated("invalid API key")
 	}
@@ -167,31 +188,28 @@ func (a *Authenticator) lookup(ctx context.Context, where string, arg any, wantH
 		return nil, apierr.Internal(err)
 	}
 	// The index lookup found the row; compare in constant time anyway so the
-	// decision never depends on a short-circuiting string comparison.
-	if wantHash != "" && !keys.Equal(r.Hash, wantHash) {
+	// decision never rests on a short-circuiting string comparison.
+	if wantHash != "" && !keys.Equal(r.hash, wantHash) {
 		return nil, apierr.Unauthenticated("invalid API key")
 	}
-	if r.DeletedAt != nil {
+	if r.deleted {
 		return nil, apierr.Unauthenticated("invalid API key")
 	}
-	if r.DisabledAt != nil {
+	if r.disabled {
 		return nil, apierr.Unauthenticated("API key is disabled")
 	}
-	p := &Principal{
-		OrganizationID:   r.OrganizationID,
-		KeyID:            r.ID,
-		KeyKind:          r.Kind,
-		UserID:           r.UserID,
-		InternsProgramme: r.InternsProgramme,
-		WorkloadIdentity: r.WorkloadIdentity,
-		VaultWrites:      r.VaultWrites,
-		CreatorLeft:      !r.Member || r.LeftAt != nil,
-		CreatorHasGrant:  r.HasGrant,
-	}
-	if r.WorkspaceID != nil {
-		p.WorkspaceID = *r.WorkspaceID
-	}
-	return p, nil
+	return &Principal{
+		OrganizationID:   r.org,
+		KeyID:            r.id,
+		KeyKind:          r.kind,
+		WorkspaceID:      r.workspace.String,
+		UserID:           r.user,
+		InternsProgramme: r.internsProgramme,
+		WorkloadIdentity: r.workloadIdentity,
+		VaultWrites:      r.vault,
+		CreatorLeft:      !r.member,
+		CreatorHasGrant:  r.hasGrant,
+	}, nil
 }
 
 // ConnectInterceptor authenticates every call of the services it wraps and
