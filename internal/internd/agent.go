@@ -1,0 +1,503 @@
+package internd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+)
+
+// agentGen numbers agent processes, so a session knows whether the agent
+// that holds its ACP session is still the one running.
+var agentGen atomic.Uint64
+
+// agentProc is one agent subprocess and our ACP connection to it.
+type agentProc struct {
+	gen  uint64
+	cmd  *exec.Cmd
+	conn *acp.ClientSideConnection
+	caps acp.AgentCapabilities
+	done chan struct{} // closed when the process has exited
+	once sync.Once
+
+	// The SDK runs the agent's requests concurrently with its queue of
+	// notifications, so a permission request can overtake the text the
+	// agent sent just before it. seen counts session/update lines read off
+	// the wire; handled counts those SessionUpdate has processed. A request
+	// that pauses the run first waits until handled catches up with seen.
+	seen, handled atomic.Uint64
+}
+
+// updateMarkers identify a session/update line without decoding it. They
+// cannot occur inside a JSON string, where quotes are escaped.
+var updateMarkers = [][]byte{[]byte(`"method":"session/update"`), []byte(`"method": "session/update"`)}
+
+// tap copies the agent's stdout to w, counting session/update lines.
+func (a *agentProc) tap(r io.Reader, w *io.PipeWriter) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	lineStart := true
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(frag) > 0 {
+			if lineStart {
+				for _, m := range updateMarkers {
+					if bytes.Contains(frag, m) {
+						a.seen.Add(1)
+						break
+					}
+				}
+			}
+			if _, werr := w.Write(frag); werr != nil {
+				return
+			}
+		}
+		lineStart = err == nil
+		if err != nil && err != bufio.ErrBufferFull {
+			w.CloseWithError(err)
+			return
+		}
+	}
+}
+
+// settle waits (briefly) until every session/update read so far has been
+// handled, so an interaction never overtakes the text before it.
+func (a *agentProc) settle() {
+	target := a.seen.Load()
+	for i := 0; a.handled.Load() < target && i < 2000; i++ {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stop ends the agent: stdin closed first (a well-behaved agent exits),
+// then SIGKILL to its process group after a moment.
+func (a *agentProc) stop() {
+	a.once.Do(func() {
+		if a.cmd.Process == nil {
+			return
+		}
+		select {
+		case <-a.done:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+		a.cmd.Process.Kill()
+		<-a.done
+	})
+}
+
+// ensureAgent returns the running agent, starting one if none is up.
+func (d *Daemon) ensureAgent(ctx context.Context) (*agentProc, error) {
+	d.mu.Lock()
+	a := d.agent
+	d.mu.Unlock()
+	if a != nil {
+		return a, nil
+	}
+	d.agentMu.Lock()
+	defer d.agentMu.Unlock()
+	d.mu.Lock()
+	a = d.agent
+	d.mu.Unlock()
+	if a != nil {
+		return a, nil
+	}
+	a, info, err := d.startAgent(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.agentErr = err.Error()
+		d.log.Error("agent not available", "err", err)
+		return nil, errTurnFailed("the intern's agent is not available: %v", err)
+	}
+	d.agent, d.agentErr, d.agentID = a, "", info
+	d.log.Info("agent started", "agent", info, "pid", a.cmd.Process.Pid, "load_session", a.caps.LoadSession)
+	return a, nil
+}
+
+func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
+	cmd := exec.Command(d.cfg.AgentCommand[0], d.cfg.AgentCommand[1:]...)
+	cmd.Dir = d.work
+	cmd.Env = append(os.Environ(), d.cfg.AgentEnv...)
+	if d.cfg.Model != "" {
+		cmd.Env = append(cmd.Env, "COHORT_MODEL="+d.cfg.Model)
+	}
+	// Its own process group, so stopping it stops what it spawned.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start agent: %w", err)
+	}
+	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{})}
+	go d.agentStderr(stderr)
+	pr, pw := io.Pipe()
+	go a.tap(stdout, pw)
+	a.conn = acp.NewClientSideConnection(&client{d: d, a: a}, stdin, pr)
+	a.conn.SetLogger(d.log.With("component", "acp"))
+	go func() {
+		err := cmd.Wait()
+		close(a.done)
+		d.agentExited(a, err)
+	}()
+
+	ictx, cancel := context.WithTimeout(ctx, d.cfg.InitTimeout)
+	defer cancel()
+	res, err := a.conn.Initialize(ictx, acp.InitializeRequest{
+		ProtocolVersion: acp.ProtocolVersionNumber,
+		ClientInfo:      &acp.Implementation{Name: "cohort-intern", Version: "1"},
+		ClientCapabilities: acp.ClientCapabilities{
+			Elicitation: &acp.ElicitationCapabilities{Form: &acp.ElicitationFormCapabilities{}},
+		},
+	})
+	if err != nil {
+		a.stop()
+		if errors.Is(ictx.Err(), context.DeadlineExceeded) {
+			return nil, "", fmt.Errorf("the agent did not answer initialize within %s", d.cfg.InitTimeout)
+		}
+		return nil, "", fmt.Errorf("initialize: %w", err)
+	}
+	a.caps = res.AgentCapabilities
+	info := "unknown agent"
+	if res.AgentInfo != nil {
+		info = res.AgentInfo.Name
+		if res.AgentInfo.Version != "" {
+			info += " " + res.AgentInfo.Version
+		}
+	}
+	return a, info, nil
+}
+
+// agentStderr logs what the agent writes on stderr, line by line.
+func (d *Daemon) agentStderr(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() {
+		d.log.Info("agent", "stderr", sc.Text())
+	}
+}
+
+// agentExited forgets a dead agent; the next turn starts another.
+func (d *Daemon) agentExited(a *agentProc, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.agent != a {
+		return
+	}
+	d.agent = nil
+	msg := "the agent exited"
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	if !d.closed {
+		d.agentErr = msg
+		d.log.Error("agent exited", "err", err)
+	}
+}
+
+// ensureSession makes sure the agent holds an ACP session for s and returns
+// its id: the one it already has, one loaded (session/load, or resumed)
+// after an agent restart when the agent supports it, or a new one under
+// our same session id otherwise.
+func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (string, error) {
+	d.mu.Lock()
+	acpID, gen := s.rec.ACPSessionID, s.acpGen
+	d.mu.Unlock()
+	if acpID != "" && gen == a.gen {
+		return acpID, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.InitTimeout)
+	defer cancel()
+	var model *acp.SessionModelState
+	newID := ""
+	if acpID != "" {
+		// Map the id first: a load replays history as session/update,
+		// which must find the session (and is dropped, no run being live).
+		d.mu.Lock()
+		d.byACP[acpID] = s
+		d.mu.Unlock()
+		switch {
+		case a.caps.LoadSession:
+			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: []acp.McpServer{}})
+			if err == nil {
+				newID, model = acpID, res.Models
+			} else {
+				d.log.Warn("session/load failed; starting a new agent session", "err", err)
+			}
+		case a.caps.SessionCapabilities.Resume != nil:
+			res, err := a.conn.ResumeSession(ctx, acp.ResumeSessionRequest{SessionId: acp.SessionId(acpID), Cwd: d.work})
+			if err == nil {
+				newID, model = acpID, res.Models
+			} else {
+				d.log.Warn("session/resume failed; starting a new agent session", "err", err)
+			}
+		}
+	}
+	if newID == "" {
+		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Cwd: d.work, McpServers: []acp.McpServer{}})
+		if err != nil {
+			return "", errTurnFailed("the agent refused a new session")
+		}
+		newID, model = string(res.SessionId), res.Models
+	}
+	d.mu.Lock()
+	if acpID != "" && acpID != newID {
+		delete(d.byACP, acpID)
+	}
+	s.rec.ACPSessionID, s.acpGen = newID, a.gen
+	if model != nil {
+		s.model = string(model.CurrentModelId)
+	}
+	d.byACP[newID] = s
+	rec := *s.rec
+	d.mu.Unlock()
+	if err := d.store.save(&rec); err != nil {
+		return "", apierr.Internal(err)
+	}
+	return newID, nil
+}
+
+// runFor returns the live run of the ACP session id, if any.
+func (d *Daemon) runFor(acpID string) *run {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.byACP[acpID]
+	if s == nil || !s.busy {
+		return nil
+	}
+	return s.current
+}
+
+// client is the daemon's side of ACP: what the agent may ask of us.
+type client struct {
+	d *Daemon
+	a *agentProc
+}
+
+var (
+	_ acp.Client = (*client)(nil)
+	_ interface {
+		UnstableCreateElicitation(context.Context, acp.UnstableCreateElicitationRequest) (acp.UnstableCreateElicitationResponse, error)
+	} = (*client)(nil)
+)
+
+func metaString(m map[string]any, key string) string {
+	s, _ := m[key].(string)
+	return s
+}
+
+// SessionUpdate turns the agent's message and thought chunks into events
+// of the session's live run; anything else (and anything outside a run,
+// such as a session/load replay) is not part of the stream.
+func (c *client) SessionUpdate(ctx context.Context, n acp.SessionNotification) error {
+	defer c.a.handled.Add(1)
+	r := c.d.runFor(string(n.SessionId))
+	if r == nil {
+		return nil
+	}
+	var text string
+	var meta map[string]any
+	thought := false
+	switch u := n.Update; {
+	case u.AgentMessageChunk != nil:
+		if u.AgentMessageChunk.Content.Text == nil {
+			return nil
+		}
+		text, meta = u.AgentMessageChunk.Content.Text.Text, u.AgentMessageChunk.Meta
+	case u.AgentThoughtChunk != nil:
+		if u.AgentThoughtChunk.Content.Text == nil {
+			return nil
+		}
+		text, meta, thought = u.AgentThoughtChunk.Content.Text.Text, u.AgentThoughtChunk.Meta, true
+	default:
+		return nil
+	}
+	model := metaString(n.Meta, MetaModel)
+	if model == "" {
+		model = metaString(meta, MetaModel)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state != stateStreaming || r.cancelling {
+		return nil
+	}
+	if model != "" {
+		r.model = model
+	} else {
+		model = r.modelLocked()
+	}
+	ev := &pb.RunEvent{Model: model}
+	if thought {
+		ev.Event = &pb.RunEvent_Reasoning{Reasoning: &pb.ReasoningDelta{Text: text}}
+	} else {
+		ev.Event = &pb.RunEvent_Text{Text: &pb.TextDelta{Text: text}}
+		if r.reply.Len() < maxHistoryText {
+			r.reply.WriteString(text)
+		}
+	}
+	r.addLocked(ev)
+	return nil
+}
+
+// RequestPermission answers for the caller in self-drive mode and asks the
+// caller (a Permission interaction) in manual mode.
+func (c *client) RequestPermission(ctx context.Context, p acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
+	cancelled := acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{Outcome: "cancelled"}}}
+	selected := func(id acp.PermissionOptionId) acp.RequestPermissionResponse {
+		return acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Selected: &acp.RequestPermissionOutcomeSelected{OptionId: id, Outcome: "selected"}}}
+	}
+	r := c.d.runFor(string(p.SessionId))
+	if r == nil {
+		return cancelled, nil
+	}
+	ia := &interaction{optionID: map[string]acp.PermissionOptionId{}}
+	for _, o := range p.Options {
+		k := string(o.Kind)
+		if _, dup := ia.optionID[k]; dup || !isPermissionKind(k) {
+			continue
+		}
+		ia.optionID[k] = o.OptionId
+		ia.kinds = append(ia.kinds, k)
+	}
+	if r.mode == pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE {
+		// Consent on the caller's behalf, once if the agent offers that.
+		for _, k := range []string{"allow_once", "allow_always"} {
+			if id, ok := ia.optionID[k]; ok {
+				return selected(id), nil
+			}
+		}
+		return cancelled, nil
+	}
+	ev := &pb.Interaction{Kind: &pb.Interaction_Permission{Permission: &pb.Permission{Options: ia.kinds}}}
+	if t := p.ToolCall.Title; t != nil && *t != "" {
+		ev.GetPermission().Operation = t
+	} else if p.ToolCall.Kind != nil {
+		op := string(*p.ToolCall.Kind)
+		ev.GetPermission().Operation = &op
+	}
+	c.a.settle()
+	rep := r.ask(ctx, ia, ev)
+	if rep.cancel || rep.optionID == "" {
+		return cancelled, nil
+	}
+	return selected(rep.optionID), nil
+}
+
+func isPermissionKind(k string) bool {
+	for _, p := range permissionKinds {
+		if p == k {
+			return true
+		}
+	}
+	return false
+}
+
+// UnstableCreateElicitation always becomes a Question interaction.
+func (c *client) UnstableCreateElicitation(ctx context.Context, p acp.UnstableCreateElicitationRequest) (acp.UnstableCreateElicitationResponse, error) {
+	cancel := acp.UnstableCreateElicitationResponse{Cancel: &acp.UnstableCreateElicitationCancel{Action: "cancel"}}
+	if p.Form == nil {
+		// URL elicitations cannot be carried to an API caller.
+		return cancel, nil
+	}
+	r := c.d.elicitationRun(p.Form.Meta)
+	if r == nil {
+		return cancel, nil
+	}
+	ia := &interaction{question: true, fields: fieldsFromSchema(p.Form.RequestedSchema)}
+	ev := &pb.Interaction{Kind: &pb.Interaction_Question{Question: &pb.Question{Message: p.Form.Message, Fields: ia.fields}}}
+	c.a.settle()
+	rep := r.ask(ctx, ia, ev)
+	switch {
+	case rep.cancel:
+		return cancel, nil
+	case rep.decline:
+		return acp.UnstableCreateElicitationResponse{Decline: &acp.UnstableCreateElicitationDecline{Action: "decline"}}, nil
+	default:
+		return acp.UnstableCreateElicitationResponse{Accept: &acp.UnstableCreateElicitationAccept{Action: "accept", Content: rep.content}}, nil
+	}
+}
+
+// elicitationRun finds the run an elicitation belongs to: the session named
+// in _meta, else the only session with a turn in flight.
+func (d *Daemon) elicitationRun(meta map[string]any) *run {
+	if id := metaString(meta, MetaSessionID); id != "" {
+		return d.runFor(id)
+	}
+	if id := metaString(meta, "sessionId"); id != "" {
+		return d.runFor(id)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var only *run
+	for _, s := range d.sessions {
+		if s.busy && s.current != nil {
+			if only != nil {
+				return nil
+			}
+			only = s.current
+		}
+	}
+	return only
+}
+
+// The daemon offers the agent no file system and no terminal: tools run
+// inside the agent (the built-in agent's shell is its own).
+func (c *client) ReadTextFile(context.Context, acp.ReadTextFileRequest) (acp.ReadTextFileResponse, error) {
+	return acp.ReadTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsReadTextFile)
+}
+
+// WriteTextFile is not offered (see ReadTextFile).
+func (c *client) WriteTextFile(context.Context, acp.WriteTextFileRequest) (acp.WriteTextFileResponse, error) {
+	return acp.WriteTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsWriteTextFile)
+}
+
+// CreateTerminal is not offered (see ReadTextFile).
+func (c *client) CreateTerminal(context.Context, acp.CreateTerminalRequest) (acp.CreateTerminalResponse, error) {
+	return acp.CreateTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalCreate)
+}
+
+// KillTerminal is not offered.
+func (c *client) KillTerminal(context.Context, acp.KillTerminalRequest) (acp.KillTerminalResponse, error) {
+	return acp.KillTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalKill)
+}
+
+// TerminalOutput is not offered.
+func (c *client) TerminalOutput(context.Context, acp.TerminalOutputRequest) (acp.TerminalOutputResponse, error) {
+	return acp.TerminalOutputResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalOutput)
+}
+
+// ReleaseTerminal is not offered.
+func (c *client) ReleaseTerminal(context.Context, acp.ReleaseTerminalRequest) (acp.ReleaseTerminalResponse, error) {
+	return acp.ReleaseTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalRelease)
+}
+
+// WaitForTerminalExit is not offered.
+func (c *client) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitRequest) (acp.WaitForTerminalExitResponse, error) {
+	return acp.WaitForTerminalExitResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalWaitForExit)
+}
+
+var _ = http.StatusOK
