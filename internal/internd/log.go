@@ -42,6 +42,14 @@ func (l *eventLog) add(runID string, ev *pb.RunEvent) uint64 {
 	l.events = append(l.events, ev)
 	l.sizes = append(l.sizes, n)
 	l.bytes += n
+	l.trim()
+	close(l.wake)
+	l.wake = make(chan struct{})
+	return ev.Seq
+}
+
+// trim drops the oldest events beyond the bound.
+func (l *eventLog) trim() {
 	over := func(k int) bool {
 		return (l.maxEvents > 0 && len(l.events) > k*l.maxEvents) || (l.maxBytes > 0 && l.bytes > k*l.maxBytes)
 	}
@@ -51,9 +59,6 @@ func (l *eventLog) add(runID string, ev *pb.RunEvent) uint64 {
 		l.events, l.sizes = l.events[1:], l.sizes[1:]
 		l.first++
 	}
-	close(l.wake)
-	l.wake = make(chan struct{})
-	return ev.Seq
 }
 
 // since returns the retained events with seq >= from (a shared slice the

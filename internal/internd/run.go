@@ -358,6 +358,7 @@ func (r *run) stream(ctx context.Context, from uint64, send func(*pb.RunEvent) e
 		r.mu.Lock()
 		r.attached = false
 		r.log.pin = 0
+		r.log.trim()
 		r.mu.Unlock()
 	}()
 	gone := func(err error) error {
