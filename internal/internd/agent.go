@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -133,8 +134,12 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	cmd := exec.Command(d.cfg.AgentCommand[0], d.cfg.AgentCommand[1:]...)
 	cmd.Dir = d.work
 	cmd.Env = append(os.Environ(), d.cfg.AgentEnv...)
+	// The built-in agent's settings (its flags' COHORT_AGENT_* twins): the
+	// intern's model, and a state directory so that session/load works
+	// across restarts. Other agents ignore them.
+	cmd.Env = append(cmd.Env, "COHORT_AGENT_STATE_DIR="+filepath.Join(d.cfg.DataDir, "agent-state"))
 	if d.cfg.Model != "" {
-		cmd.Env = append(cmd.Env, "COHORT_MODEL="+d.cfg.Model)
+		cmd.Env = append(cmd.Env, "COHORT_AGENT_MODEL="+d.cfg.Model)
 	}
 	// Its own process group, so stopping it stops what it spawned.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -234,6 +239,11 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 	defer cancel()
 	var model *acp.SessionModelState
 	newID := ""
+	// The intern's configured model, by the built-in agent's convention.
+	var meta map[string]any
+	if d.cfg.Model != "" {
+		meta = map[string]any{MetaModel: d.cfg.Model}
+	}
 	if acpID != "" {
 		// Map the id first: a load replays history as session/update,
 		// which must find the session (and is dropped, no run being live).
@@ -242,14 +252,14 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		d.mu.Unlock()
 		switch {
 		case a.caps.LoadSession:
-			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: []acp.McpServer{}})
+			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: []acp.McpServer{}})
 			if err == nil {
 				newID, model = acpID, res.Models
 			} else {
 				d.log.Warn("session/load failed; starting a new agent session", "err", err)
 			}
 		case a.caps.SessionCapabilities.Resume != nil:
-			res, err := a.conn.ResumeSession(ctx, acp.ResumeSessionRequest{SessionId: acp.SessionId(acpID), Cwd: d.work})
+			res, err := a.conn.ResumeSession(ctx, acp.ResumeSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work})
 			if err == nil {
 				newID, model = acpID, res.Models
 			} else {
@@ -258,7 +268,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		}
 	}
 	if newID == "" {
-		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Cwd: d.work, McpServers: []acp.McpServer{}})
+		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: []acp.McpServer{}})
 		if err != nil {
 			return "", errTurnFailed("the agent refused a new session")
 		}

@@ -237,7 +237,9 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 		a.say(ctx, sid, "", "stopping")
 		return acp.PromptResponse{StopReason: acp.StopReason(rest)}, nil
 	case "fail":
-		return acp.PromptResponse{}, acp.NewInternalError(map[string]any{"error": "scripted failure"})
+		return acp.PromptResponse{}, &acp.RequestError{Code: -32603, Message: "model upstream returned HTTP 500: boom", Data: map[string]any{"reason": "turn_failed"}}
+	case "timeout":
+		return acp.PromptResponse{}, &acp.RequestError{Code: -32603, Message: "model upstream timed out: slow", Data: map[string]any{"reason": "timeout"}}
 	case "stream":
 		n, _ := strconv.Atoi(rest)
 		for i := 0; i < n; i++ {

@@ -482,12 +482,16 @@ func TestStopReasons(t *testing.T) {
 		{"stop cancelled", pb.Finished_REASON_ENDED, 410, "run_ended"},
 		{"stop bogus", pb.Finished_REASON_ERROR, 502, "turn_failed"},
 		{"fail", pb.Finished_REASON_ERROR, 502, "turn_failed"},
+		{"timeout", pb.Finished_REASON_ERROR, 504, "timeout"},
 	} {
 		evs, err := e.start(t, "s", c.script, selfDrive)
 		mustOK(t, err)
 		f := finish(t, evs)
 		if f.GetReason() != c.reason || f.GetCode() != c.code || f.GetErrorReason() != c.why {
 			t.Fatalf("%s: %v", c.script, f)
+		}
+		if c.script == "fail" && !strings.Contains(f.GetMessage(), "HTTP 500: boom") {
+			t.Fatalf("agent's failure message lost: %q", f.GetMessage())
 		}
 		if (c.reason == pb.Finished_REASON_STOP) == (evs[len(evs)-1].GetModel() == "") {
 			t.Fatalf("%s: model on Finished: %q", c.script, evs[len(evs)-1].GetModel())

@@ -2,6 +2,7 @@ package internd
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -133,7 +134,8 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 		}
 	case err != nil:
 		d.log.Warn("agent prompt failed", "run", r.id, "err", err)
-		last, end = finished(pb.Finished_REASON_ERROR, errTurnFailed("the agent failed the turn")), "turn_failed"
+		e := promptError(err)
+		last, end = finished(pb.Finished_REASON_ERROR, e), e.Reason
 	default:
 		reason, e := mapStop(resp.StopReason)
 		last, end = finished(reason, e), string(resp.StopReason)
@@ -169,6 +171,27 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 	if !wasPaused {
 		d.live.Add(-1)
 	}
+}
+
+// promptError turns a failed session/prompt into the stream's error. The
+// built-in agent says why in the JSON-RPC error ({"reason": "timeout"} for
+// an upstream that timed out); anything else is turn_failed.
+func promptError(err error) *apierr.Error {
+	var re *acp.RequestError
+	if errors.As(err, &re) {
+		msg := re.Message
+		if len(msg) > 300 {
+			msg = truncate(msg, 300) + "…"
+		}
+		if data, ok := re.Data.(map[string]any); ok && data["reason"] == "timeout" {
+			return apierr.New(http.StatusGatewayTimeout, "timeout", "the intern's model did not answer in time: %s", msg)
+		}
+		if re.Code != -32603 || msg == "" || msg == "Internal error" {
+			return errTurnFailed("the agent failed the turn")
+		}
+		return errTurnFailed("the agent failed the turn: %s", msg)
+	}
+	return errTurnFailed("the agent failed the turn")
 }
 
 // mapStop maps an ACP stop reason to how the stream finishes
