@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/provision"
 )
 
 // internCmd runs one intern's daemon: `cohort intern`.
@@ -129,4 +131,26 @@ func envDuration(name string, def time.Duration) time.Duration {
 		}
 	}
 	return def
+}
+
+// internRegister records where the operator runs an intern's daemon and
+// the secret it accepts; the secret is stored wrapped by the KEK.
+func internRegister(ctx context.Context, e *adminEnv) error {
+	if e.f.id == "" || e.f.url == "" || e.f.secretFile == "" {
+		return errors.New("--id, --url and --secret-file are required")
+	}
+	secret, err := readSecret(e.f.secretFile)
+	if err != nil {
+		return err
+	}
+	kek, err := loadKEK(e.cfg)
+	if err != nil {
+		return err
+	}
+	p := &provision.Provisioner{DB: e.db, KEK: kek, Mode: provision.Remote}
+	in, err := p.Register(ctx, e.f.id, e.f.url, secret)
+	if err != nil {
+		return err
+	}
+	return e.printOne(interns.Proto(in))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 )
 
@@ -32,6 +33,10 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
+	// Provisioner hosts interns' daemons and dials them (the chat gateway
+	// uses its Client). Nil until cmd/cohort (or a test) sets it, together
+	// with Interns.Lifecycle.
+	Provisioner *provision.Provisioner
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
