@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -34,57 +35,10 @@ type agentProc struct {
 	caps acp.AgentCapabilities
 	done chan struct{} // closed when the process has exited
 	once sync.Once
-
-	// The SDK runs the agent's requests concurrently with its queue of
-	// notifications, so a permission request can overtake the text the
-	// agent sent just before it. seen counts session/update lines read off
-	// the wire; handled counts those SessionUpdate has processed. A request
-	// that pauses the run first waits until handled catches up with seen.
-	seen, handled atomic.Uint64
 }
 
-// updateMarkers identify a session/update line without decoding it. They
-// cannot occur inside a JSON string, where quotes are escaped.
-var updateMarkers = [][]byte{[]byte(`"method":"session/update"`), []byte(`"method": "session/update"`)}
-
-// tap copies the agent's stdout to w, counting session/update lines.
-func (a *agentProc) tap(r io.Reader, w *io.PipeWriter) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	lineStart := true
-	for {
-		frag, err := br.ReadSlice('\n')
-		if len(frag) > 0 {
-			if lineStart {
-				for _, m := range updateMarkers {
-					if bytes.Contains(frag, m) {
-						a.seen.Add(1)
-						break
-					}
-				}
-			}
-			if _, werr := w.Write(frag); werr != nil {
-				return
-			}
-		}
-		lineStart = err == nil
-		if err != nil && err != bufio.ErrBufferFull {
-			w.CloseWithError(err)
-			return
-		}
-	}
-}
-
-// settle waits (briefly) until every session/update read so far has been
-// handled, so an interaction never overtakes the text before it.
-func (a *agentProc) settle() {
-	target := a.seen.Load()
-	for i := 0; a.handled.Load() < target && i < 2000; i++ {
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// stop ends the agent: stdin closed first (a well-behaved agent exits),
-// then SIGKILL to its process group after a moment.
+// stop ends the agent: SIGKILL to its process group, unless it has exited
+// on its own within a moment.
 func (a *agentProc) stop() {
 	a.once.Do(func() {
 		if a.cmd.Process == nil {
@@ -99,6 +53,109 @@ func (a *agentProc) stop() {
 		a.cmd.Process.Kill()
 		<-a.done
 	})
+}
+
+// updateMarkers identify a session/update line without decoding it. They
+// cannot occur inside a JSON string, where quotes are escaped.
+var updateMarkers = [][]byte{[]byte(`"method":"session/update"`), []byte(`"method": "session/update"`)}
+
+// wireUpdate is the part of a session/update notification the daemon uses.
+type wireUpdate struct {
+	Params struct {
+		SessionID string   `json:"sessionId"`
+		Meta      wireMeta `json:"_meta"`
+		Update    struct {
+			SessionUpdate string `json:"sessionUpdate"`
+			Content       struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			} `json:"content"`
+			Meta wireMeta `json:"_meta"`
+		} `json:"update"`
+	} `json:"params"`
+}
+
+type wireMeta struct {
+	Model string `json:"cohort.dev/model"`
+}
+
+// tap copies the agent's stdout to the SDK, except session/update
+// notifications, which it handles itself, in order. Two reasons, both
+// measured or observed: the SDK runs the agent's requests concurrently
+// with its notification queue, so a permission request could overtake the
+// text sent just before it (and that text would then land after the
+// pause); and the SDK's generic decoding of updates cost half the daemon's
+// CPU. Handling them here also gives flow control: while a run's consumer
+// lags a full retention bound behind, the tap stops reading and the agent
+// waits on its pipe (the SDK would instead close the connection once 1,024
+// notifications queue up).
+func (a *agentProc) tap(c *client, r io.Reader, w *io.PipeWriter) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var long []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		line := frag
+		if err == bufio.ErrBufferFull || (len(long) > 0 && len(frag) > 0) {
+			long = append(long, frag...)
+			line = long
+		}
+		if err == bufio.ErrBufferFull {
+			if len(long) > maxLine {
+				w.CloseWithError(fmt.Errorf("agent message larger than %d bytes", maxLine))
+				return
+			}
+			continue
+		}
+		if len(line) > 0 && !c.handleLine(line) {
+			if _, werr := w.Write(line); werr != nil {
+				return
+			}
+		}
+		long = long[:0]
+		if err != nil {
+			w.CloseWithError(err)
+			return
+		}
+	}
+}
+
+// maxLine bounds one message from the agent (the SDK allows 10 MiB).
+const maxLine = 10 << 20
+
+// handleLine handles a session/update line and reports whether it did.
+func (c *client) handleLine(line []byte) bool {
+	marked := false
+	for _, m := range updateMarkers {
+		if bytes.Contains(line, m) {
+			marked = true
+			break
+		}
+	}
+	if !marked {
+		return false
+	}
+	var u wireUpdate
+	if json.Unmarshal(line, &u) != nil {
+		return false // the SDK will report it
+	}
+	up := u.Params.Update
+	var thought bool
+	switch up.SessionUpdate {
+	case "agent_message_chunk":
+	case "agent_thought_chunk":
+		thought = true
+	default:
+		return true // not part of the stream
+	}
+	if up.Content.Type != "text" {
+		return true
+	}
+	model := u.Params.Meta.Model
+	if model == "" {
+		model = up.Meta.Model
+	}
+	c.d.update(u.Params.SessionID, up.Content.Text, model, thought)
+	return true
 }
 
 // ensureAgent returns the running agent, starting one if none is up.
@@ -161,8 +218,9 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{})}
 	go d.agentStderr(stderr)
 	pr, pw := io.Pipe()
-	go a.tap(stdout, pw)
-	a.conn = acp.NewClientSideConnection(&client{d: d, a: a}, stdin, pr)
+	c := &client{d: d, a: a}
+	go a.tap(c, stdout, pw)
+	a.conn = acp.NewClientSideConnection(c, stdin, pr)
 	a.conn.SetLogger(d.log.With("component", "acp"))
 	go func() {
 		err := cmd.Wait()
@@ -320,28 +378,16 @@ func metaString(m map[string]any, key string) string {
 	return s
 }
 
-// SessionUpdate turns the agent's message and thought chunks into events
-// of the session's live run; anything else (and anything outside a run,
-// such as a session/load replay) is not part of the stream.
+// SessionUpdate handles updates the tap did not (it handles all it can
+// decode): message and thought chunks become events of the session's run.
 func (c *client) SessionUpdate(ctx context.Context, n acp.SessionNotification) error {
-	defer c.a.handled.Add(1)
-	r := c.d.runFor(string(n.SessionId))
-	if r == nil {
-		return nil
-	}
 	var text string
 	var meta map[string]any
 	thought := false
 	switch u := n.Update; {
-	case u.AgentMessageChunk != nil:
-		if u.AgentMessageChunk.Content.Text == nil {
-			return nil
-		}
+	case u.AgentMessageChunk != nil && u.AgentMessageChunk.Content.Text != nil:
 		text, meta = u.AgentMessageChunk.Content.Text.Text, u.AgentMessageChunk.Meta
-	case u.AgentThoughtChunk != nil:
-		if u.AgentThoughtChunk.Content.Text == nil {
-			return nil
-		}
+	case u.AgentThoughtChunk != nil && u.AgentThoughtChunk.Content.Text != nil:
 		text, meta, thought = u.AgentThoughtChunk.Content.Text.Text, u.AgentThoughtChunk.Meta, true
 	default:
 		return nil
@@ -350,10 +396,22 @@ func (c *client) SessionUpdate(ctx context.Context, n acp.SessionNotification) e
 	if model == "" {
 		model = metaString(meta, MetaModel)
 	}
+	c.d.update(string(n.SessionId), text, model, thought)
+	return nil
+}
+
+// update turns a message or thought chunk into an event of the session's
+// live run; outside a run (a session/load replay, say) it is dropped.
+func (d *Daemon) update(acpID, text, model string, thought bool) {
+	r := d.runFor(acpID)
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.waitConsumerLocked()
 	if r.state != stateStreaming || r.cancelling {
-		return nil
+		return
 	}
 	if model != "" {
 		r.model = model
@@ -370,7 +428,6 @@ func (c *client) SessionUpdate(ctx context.Context, n acp.SessionNotification) e
 		}
 	}
 	r.addLocked(ev)
-	return nil
 }
 
 // RequestPermission answers for the caller in self-drive mode and asks the
@@ -409,7 +466,6 @@ func (c *client) RequestPermission(ctx context.Context, p acp.RequestPermissionR
 		op := string(*p.ToolCall.Kind)
 		ev.GetPermission().Operation = &op
 	}
-	c.a.settle()
 	rep := r.ask(ctx, ia, ev)
 	if rep.cancel || rep.optionID == "" {
 		return cancelled, nil
@@ -439,7 +495,6 @@ func (c *client) UnstableCreateElicitation(ctx context.Context, p acp.UnstableCr
 	}
 	ia := &interaction{question: true, fields: fieldsFromSchema(p.Form.RequestedSchema)}
 	ev := &pb.Interaction{Kind: &pb.Interaction_Question{Question: &pb.Question{Message: p.Form.Message, Fields: ia.fields}}}
-	c.a.settle()
 	rep := r.ask(ctx, ia, ev)
 	switch {
 	case rep.cancel:

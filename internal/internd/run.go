@@ -36,7 +36,10 @@ type run struct {
 	ctx   context.Context
 	abort context.CancelFunc
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// consumed is signalled when the attached consumer moves on, detaches,
+	// or the run is cancelled: an agent that outpaces its consumer waits.
+	consumed   *sync.Cond
 	log        eventLog
 	state      runState
 	attached   bool
@@ -71,8 +74,20 @@ type reply struct {
 
 func (d *Daemon) newRun(s *session, mode pb.ApprovalMode, prompt string) *run {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &run{d: d, id: uuid.NewString(), sess: s, mode: mode, prompt: prompt, ctx: ctx, abort: cancel,
+	r := &run{d: d, id: uuid.NewString(), sess: s, mode: mode, prompt: prompt, ctx: ctx, abort: cancel,
 		log: newEventLog(d.cfg.RetainEvents, d.cfg.RetainBytes)}
+	r.consumed = sync.NewCond(&r.mu)
+	return r
+}
+
+// waitConsumerLocked holds an agent update while the attached consumer is
+// a full retention bound behind: flow control from the consumer back to
+// the agent (whose stdout the daemon then stops reading), instead of
+// dropping events a live consumer has not seen.
+func (r *run) waitConsumerLocked() {
+	for r.log.pin != 0 && r.log.next-r.log.pin >= uint64(r.log.maxEvents) && !r.cancelling && r.state == stateStreaming {
+		r.consumed.Wait()
+	}
 }
 
 // add appends an event. Callers hold r.mu, except add's own lock-taking
@@ -236,6 +251,7 @@ func (d *Daemon) cancelRun(r *run, end *apierr.Error) bool {
 		return false
 	}
 	r.cancelling, r.end = true, end
+	r.consumed.Broadcast()
 	if ia := r.pending; ia != nil {
 		ia.timer.Stop()
 		r.pending = nil
@@ -382,6 +398,7 @@ func (r *run) stream(ctx context.Context, from uint64, send func(*pb.RunEvent) e
 		r.attached = false
 		r.log.pin = 0
 		r.log.trim()
+		r.consumed.Broadcast()
 		r.mu.Unlock()
 	}()
 	gone := func(err error) error {
@@ -398,6 +415,7 @@ func (r *run) stream(ctx context.Context, from uint64, send func(*pb.RunEvent) e
 		r.mu.Lock()
 		evs, wake, err := r.log.since(from)
 		r.log.pin = from
+		r.consumed.Broadcast()
 		buf = append(buf[:0], evs...)
 		r.mu.Unlock()
 		if err != nil {

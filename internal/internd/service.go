@@ -20,7 +20,12 @@ import (
 // which says only that the process is up).
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	opts := connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(d.cfg.Secret))})
+	opts := connect.WithHandlerOptions(
+		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(d.cfg.Secret))}),
+		// Run events are small: gzip per event costs more than it saves
+		// (most of the CPU of a stream, measured).
+		connect.WithCompressMinBytes(4096),
+	)
 	mux.Handle(interndv1connect.NewInternDaemonServiceHandler(service{d}, opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
