@@ -5,12 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/internd"
 )
 
 // TestMain lets the test binary stand in for the cohort executable: `cohort
@@ -61,5 +66,61 @@ func TestServeRunsDemoIntern(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "interns", boot["intern_id"], "sessions")); err != nil {
 		t.Fatalf("the daemon's data directory: %v", err)
+	}
+}
+
+// `cohort admin intern register` records a remote daemon: checked against
+// the daemon first, stored wrapped, never printed.
+func TestAdminInternRegister(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	db := []string{"--data-dir", dataDir}
+	run1 := func(args ...string) map[string]any {
+		t.Helper()
+		out, err := cli(t, append(append(args, "--json"), db...)...)
+		var m map[string]any
+		if err != nil || json.Unmarshal([]byte(out), &m) != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+		return m
+	}
+	org := run1("admin", "org", "create", "--name", "Remote", "--interns-programme")["id"].(string)
+	uid := run1("admin", "user", "create", "--org", org, "--email", "ops@remote.test")["id"].(string)
+	ws := run1("admin", "workspace", "create", "--org", org, "--user", uid, "--name", "W")["id"].(string)
+	id := run1("admin", "intern", "create", "--org", org, "--workspace", ws, "--name", "far")["id"].(string)
+
+	const secret = "operator-chosen-daemon-secret"
+	d, err := internd.New(internd.Config{InternID: id, Secret: secret, DataDir: t.TempDir(), AgentCommand: []string{"/nonexistent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(d.Handler())
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(func() { srv.Close(); d.Close() })
+
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secretFile, []byte("wrong\n"), 0o600)
+	if _, err := cli(t, append([]string{"admin", "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile}, db...)...); err == nil || !strings.Contains(err.Error(), "intern_unreachable") {
+		t.Fatalf("a wrong secret must be refused: %v", err)
+	}
+	os.WriteFile(secretFile, []byte(secret+"\n"), 0o600)
+	out, err := cli(t, append([]string{"admin", "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile, "--json"}, db...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in map[string]any
+	json.Unmarshal([]byte(out), &in)
+	if in["state"] != "running" || strings.Contains(out, secret) {
+		t.Fatalf("register: %s", out)
+	}
+	for _, f := range []string{"cohort.db", "cohort.db-wal"} {
+		raw, _ := os.ReadFile(filepath.Join(dataDir, f))
+		if strings.Contains(string(raw), secret) {
+			t.Fatalf("the daemon secret is in %s in clear", f)
+		}
 	}
 }

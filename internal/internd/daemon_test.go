@@ -151,6 +151,10 @@ func TestManualPermissionPausesAndContinues(t *testing.T) {
 	if m := evs[len(evs)-2].GetModel(); m != "test/model-a" {
 		t.Fatalf("interaction model %q", m)
 	}
+	// The text the agent sent before asking comes before the pause.
+	if got := text(evs); got != "asking" {
+		t.Fatalf("text before the pause: %q", got)
+	}
 	if st := e.status(t); st.GetPausedRuns() != 1 || st.GetLiveRuns() != 0 {
 		t.Fatalf("status while paused: %v", st)
 	}
@@ -677,5 +681,34 @@ func TestRestartKeepsSessions(t *testing.T) {
 				t.Fatal("a session/load replay leaked into the stream")
 			}
 		})
+	}
+}
+
+// A stream that breaks without a Finished event is what the gateway
+// reports as stream_severed; the daemon cancels the run it was streaming.
+func TestSeveredStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s, err := e.c.StartTurn(context.Background(), connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang"}))
+	mustOK(t, err)
+	var evs []*pb.RunEvent
+	for len(evs) < 2 && s.Receive() {
+		evs = append(evs, s.Msg().GetEvent())
+	}
+	e.srv.CloseClientConnections()
+	rest, err := drain[pb.StartTurnResponse](s)
+	if err == nil {
+		t.Fatal("a severed stream must end in an error")
+	}
+	for _, ev := range rest {
+		if ev.GetFinished() != nil {
+			t.Fatalf("severed stream delivered Finished: %v", ev)
+		}
+	}
+	e.waitStatus(t, "run cancelled", func(s *pb.StatusResponse) bool { return s.GetLiveRuns() == 0 })
+	after, err := e.attach(t, "s", started(t, evs).GetRunId(), 3)
+	mustOK(t, err)
+	if f := finish(t, after); f.GetReason() != pb.Finished_REASON_ENDED {
+		t.Fatalf("want ENDED, got %v", f)
 	}
 }
