@@ -418,14 +418,17 @@ func (d *Daemon) update(acpID, text, model string, thought bool) {
 	} else {
 		model = r.modelLocked()
 	}
+	if !thought && r.reply.Len() < maxHistoryText {
+		r.reply.WriteString(text)
+	}
+	if r.log.merge(text, model, thought) {
+		return
+	}
 	ev := &pb.RunEvent{Model: model}
 	if thought {
 		ev.Event = &pb.RunEvent_Reasoning{Reasoning: &pb.ReasoningDelta{Text: text}}
 	} else {
 		ev.Event = &pb.RunEvent_Text{Text: &pb.TextDelta{Text: text}}
-		if r.reply.Len() < maxHistoryText {
-			r.reply.WriteString(text)
-		}
 	}
 	r.addLocked(ev)
 }

@@ -1,6 +1,7 @@
 package internd_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -245,6 +246,26 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 		for i := 0; i < n; i++ {
 			a.say(ctx, sid, "m", "x")
 		}
+		return endTurn(), nil
+	case "slowstream":
+		n, _ := strconv.Atoi(rest)
+		for i := 0; i < n; i++ {
+			a.say(ctx, sid, "m", "x")
+			time.Sleep(2 * time.Millisecond)
+		}
+		return endTurn(), nil
+	case "rawstream":
+		// As fast as an agent can write: pre-encoded session/update lines
+		// straight to stdout. Safe only because the SDK writes nothing
+		// else while this one prompt runs.
+		n, _ := strconv.Atoi(rest)
+		line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + string(sid) +
+			`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"x"}},"_meta":{"cohort.dev/model":"m"}}}` + "\n")
+		w := bufio.NewWriterSize(os.Stdout, 64<<10)
+		for i := 0; i < n; i++ {
+			w.Write(line)
+		}
+		w.Flush()
 		return endTurn(), nil
 	}
 	a.say(ctx, sid, "", "unknown script "+word)

@@ -550,11 +550,11 @@ func TestAgentNeverInitializes(t *testing.T) {
 func TestRetentionAndAttach(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *internd.Config) { c.RetainEvents = 5 })
-	// 14 events: within the four-fold margin kept for a live consumer.
-	evs, err := e.start(t, "s", "stream 12", selfDrive)
+	// Paced so that the consumer keeps up and deltas are not coalesced.
+	evs, err := e.start(t, "s", "slowstream 12", selfDrive)
 	mustOK(t, err)
-	if len(evs) != 14 {
-		t.Fatalf("live consumer should see all events, got %d", len(evs))
+	if text(evs) != strings.Repeat("x", 12) || len(evs) < 8 {
+		t.Fatalf("live consumer should see all output: %d events, %q", len(evs), text(evs))
 	}
 	run, last := started(t, evs).GetRunId(), evs[len(evs)-1].GetSeq()
 	// At the bound: the 5 retained events replay.
@@ -570,6 +570,8 @@ func TestRetentionAndAttach(t *testing.T) {
 	wantErr(t, err, 410, "attachment_failed")
 	_, err = e.attach(t, "s", "no-such-run", 1)
 	wantErr(t, err, 404, "not_found")
+	_, err = e.attach(t, "s", run, last+2)
+	wantErr(t, err, 400, "bad_request")
 }
 
 func TestSecondAttachmentRefused(t *testing.T) {

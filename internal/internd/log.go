@@ -25,6 +25,8 @@ type eventLog struct {
 	// read yet are kept beyond the bound, up to four times it, so a live
 	// consumer that keeps up never loses events to a fast agent.
 	pin uint64
+	// fetched is the first seq the attached consumer has not taken yet.
+	fetched uint64
 	// wake is closed (and replaced) on every append, so waiting consumers
 	// need no per-consumer bookkeeping.
 	wake chan struct{}
@@ -46,6 +48,41 @@ func (l *eventLog) add(runID string, ev *pb.RunEvent) uint64 {
 	close(l.wake)
 	l.wake = make(chan struct{})
 	return ev.Seq
+}
+
+// maxMerged bounds the text one coalesced delta carries.
+const maxMerged = 4096
+
+// merge appends a text or reasoning delta to the last event when that event
+// is the same kind of delta with the same model and the attached consumer
+// has not taken it yet: a consumer that lags gets fewer, larger deltas
+// instead of paying per-message costs for each of the agent's chunks.
+// Events already handed out are never changed.
+func (l *eventLog) merge(text, model string, thought bool) bool {
+	if l.pin == 0 || len(l.events) == 0 {
+		return false
+	}
+	last := l.events[len(l.events)-1]
+	if last.GetSeq() < l.fetched || last.GetModel() != model {
+		return false
+	}
+	var cur *string
+	switch {
+	case thought && last.GetReasoning() != nil:
+		cur = &last.GetReasoning().Text
+	case !thought && last.GetText() != nil:
+		cur = &last.GetText().Text
+	default:
+		return false
+	}
+	if len(*cur)+len(text) > maxMerged {
+		return false
+	}
+	*cur += text
+	n := proto.Size(last)
+	l.bytes += n - l.sizes[len(l.sizes)-1]
+	l.sizes[len(l.sizes)-1] = n
+	return true
 }
 
 // trim drops the oldest events beyond the bound.

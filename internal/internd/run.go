@@ -415,6 +415,7 @@ func (r *run) stream(ctx context.Context, from uint64, send func(*pb.RunEvent) e
 		r.mu.Lock()
 		evs, wake, err := r.log.since(from)
 		r.log.pin = from
+		r.log.fetched = from + uint64(len(evs))
 		r.consumed.Broadcast()
 		buf = append(buf[:0], evs...)
 		r.mu.Unlock()
