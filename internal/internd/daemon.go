@@ -116,6 +116,10 @@ type Daemon struct {
 	byACP    map[string]*session
 	closed   bool
 
+	// turns counts runTurn goroutines, so Close returns only when every
+	// turn has recorded its end.
+	turns sync.WaitGroup
+
 	live   atomic.Int32 // runs streaming
 	paused atomic.Int32 // runs held open across a question
 }
@@ -191,11 +195,13 @@ func (d *Daemon) Close() error {
 	a := d.agent
 	d.mu.Unlock()
 	for _, r := range runs {
-		d.cancelRun(r, nil)
+		d.cancelRun(r, errRunEnded("the intern daemon is shutting down"))
 	}
 	if a != nil {
+		// Killing the agent ends every prompt still waiting on it.
 		a.stop()
 	}
+	d.turns.Wait()
 	return nil
 }
 
@@ -293,6 +299,12 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	r.attached, r.log.pin = true, 1
 	r.add(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: id, RunId: r.id}}})
 	d.mu.Lock()
+	if d.closed {
+		s.busy = false
+		d.mu.Unlock()
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+	}
+	d.turns.Add(1)
 	s.current = r
 	s.runs = append(s.runs, r)
 	if len(s.runs) > runsPerSession {

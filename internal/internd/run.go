@@ -122,6 +122,7 @@ func finished(reason pb.Finished_Reason, e *apierr.Error) *pb.RunEvent {
 
 // runTurn sends the prompt to the agent and records how the turn ended.
 func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
+	defer d.turns.Done()
 	mode := "self-drive"
 	if r.mode == pb.ApprovalMode_APPROVAL_MODE_MANUAL {
 		mode = "manual"
