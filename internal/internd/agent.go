@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -190,7 +191,7 @@ func (d *Daemon) ensureAgent(ctx context.Context) (*agentProc, error) {
 func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	cmd := exec.Command(d.cfg.AgentCommand[0], d.cfg.AgentCommand[1:]...)
 	cmd.Dir = d.work
-	cmd.Env = append(os.Environ(), d.cfg.AgentEnv...)
+	cmd.Env = append(agentEnviron(os.Environ()), d.cfg.AgentEnv...)
 	// The built-in agent's settings (its flags' COHORT_AGENT_* twins): the
 	// intern's model, and a state directory so that session/load works
 	// across restarts. Other agents ignore them.
@@ -253,6 +254,21 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 		}
 	}
 	return a, info, nil
+}
+
+// agentEnviron is the daemon's environment minus Cohort's own settings
+// (COHORT_*: the daemon secret, the gateway's database URL…), which are no
+// business of the agent or of the commands it runs. The built-in agent's
+// settings (COHORT_AGENT_*) pass.
+func agentEnviron(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // agentStderr logs what the agent writes on stderr, line by line.

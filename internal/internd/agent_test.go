@@ -201,6 +201,9 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 	case "len":
 		a.say(ctx, sid, "", strconv.Itoa(len([]rune(text))))
 		return endTurn(), nil
+	case "env":
+		a.say(ctx, sid, "", "["+os.Getenv(rest)+"]")
+		return endTurn(), nil
 	case "whoami":
 		a.say(ctx, sid, "", string(sid))
 		return endTurn(), nil

@@ -714,3 +714,20 @@ func TestSeveredStream(t *testing.T) {
 		t.Fatalf("want ENDED, got %v", f)
 	}
 }
+
+// The agent (and what it runs) never sees Cohort's own settings, such as
+// the daemon secret; the built-in agent's COHORT_AGENT_* settings pass.
+func TestAgentEnvironment(t *testing.T) {
+	t.Setenv("COHORT_INTERN_SECRET", "leaked-secret")
+	t.Setenv("COHORT_DATABASE_URL", "postgres://user:pw@db/x")
+	t.Setenv("COHORT_AGENT_API_KEY", "for-the-agent")
+	e := newEnv(t)
+	for name, want := range map[string]string{"COHORT_INTERN_SECRET": "[]", "COHORT_DATABASE_URL": "[]",
+		"COHORT_AGENT_API_KEY": "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]"} {
+		evs, err := e.start(t, "s", "env "+name, selfDrive)
+		mustOK(t, err)
+		if got := text(evs); got != want {
+			t.Fatalf("%s: agent sees %s, want %s", name, got, want)
+		}
+	}
+}

@@ -143,7 +143,7 @@ func (s *supervisor) once(ctx context.Context) error {
 	}
 	cmd := exec.Command(argv[0], args...)
 	// The secret goes by environment, never on the command line (ps shows that).
-	cmd.Env = append(os.Environ(), "COHORT_INTERN_SECRET="+secret)
+	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)
 	cmd.SysProcAttr = sysProcAttr()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -227,6 +227,21 @@ func (s *supervisor) once(ctx context.Context) error {
 		kill()
 		return ctx.Err()
 	}
+}
+
+// daemonEnviron is the gateway's environment minus its COHORT_* settings
+// (database URL, key file…): a daemon is configured by its flags, and the
+// gateway's settings must not reach the agent. The built-in agent's
+// settings (COHORT_AGENT_*) pass.
+func daemonEnviron(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // waitHealthy polls the daemon's Status with its secret.
