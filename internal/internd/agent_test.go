@@ -223,6 +223,18 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 	case "ask":
 		a.say(ctx, sid, "", a.elicit(ctx, sid, true))
 		return endTurn(), nil
+	case "askurl":
+		res, err := a.conn.UnstableCreateElicitation(ctx, acp.UnstableCreateElicitationRequest{Url: &acp.UnstableCreateElicitationUrl{
+			Message: "open this", ElicitationId: "e1", Url: "https://example.test/form"}})
+		switch {
+		case err != nil:
+			a.say(ctx, sid, "", "error")
+		case res.Cancel != nil:
+			a.say(ctx, sid, "", "cancel")
+		default:
+			a.say(ctx, sid, "", "other")
+		}
+		return endTurn(), nil
 	case "asknometa":
 		a.say(ctx, sid, "", a.elicit(ctx, sid, false))
 		return endTurn(), nil

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd"
 )
 
@@ -306,7 +307,7 @@ func TestDeadlineCancelsPausedRun(t *testing.T) {
 	evs, err := e.start(t, "s", "perm", manual)
 	mustOK(t, err)
 	ia := interactionOf(t, evs)
-	if d := time.Until(ia.GetDeadline().AsTime()); d > 300*time.Millisecond || d < 0 {
+	if d := time.Until(ia.GetDeadline().AsTime()); d > 300*time.Millisecond {
 		t.Fatalf("deadline %v", d)
 	}
 	e.waitStatus(t, "no paused run", func(s *pb.StatusResponse) bool { return s.GetPausedRuns() == 0 && s.GetLiveRuns() == 0 })
@@ -323,15 +324,18 @@ func TestDeadlineCancelsPausedRun(t *testing.T) {
 
 func TestRejectedReplyDoesNotExtendDeadline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *internd.Config) { c.InteractionDeadline = 600 * time.Millisecond })
+	const deadline = 3 * time.Second
+	e := newEnv(t, func(c *internd.Config) { c.InteractionDeadline = deadline })
 	evs, err := e.start(t, "s", "perm", manual)
 	mustOK(t, err)
 	ia := interactionOf(t, evs)
-	paused := time.Now()
-	time.Sleep(400 * time.Millisecond)
+	due := ia.GetDeadline().AsTime()
+	// Half-way, a rejected reply. Had it extended the deadline, the run
+	// would still be paused a second after the original deadline.
+	time.Sleep(time.Until(due.Add(-deadline / 2)))
 	_, err = e.answer(t, "s", ia.GetId(), "nope")
 	wantErr(t, err, 400, "bad_request")
-	time.Sleep(time.Until(paused.Add(700 * time.Millisecond)))
+	time.Sleep(time.Until(due.Add(500 * time.Millisecond)))
 	_, err = e.answer(t, "s", ia.GetId(), "allow_once")
 	wantErr(t, err, 409, "interaction_not_pending")
 }
@@ -610,18 +614,32 @@ func TestMaxPausedRuns(t *testing.T) {
 func TestPauseBeyondBoundFailsBusy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 1 })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	slow, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "slow", Prompt: "sleepperm", ApprovalMode: manual}))
-	mustOK(t, err)
-	evs, err := e.start(t, "fast", "perm", manual)
-	mustOK(t, err)
-	interactionOf(t, evs)
-	evs, err = drain[pb.StartTurnResponse](slow)
-	mustOK(t, err)
-	f := finish(t, evs)
-	if f.GetReason() != pb.Finished_REASON_ERROR || f.GetCode() != 503 || f.GetErrorReason() != "busy" {
-		t.Fatalf("want ERROR 503 busy, got %v", f)
+	// Both turns start before either pauses; only one can pause.
+	var wg sync.WaitGroup
+	var fins [2]*pb.Finished
+	for i, sid := range []string{"a", "b"} {
+		wg.Go(func() {
+			evs, err := e.start(t, sid, "sleepperm", manual)
+			if err == nil && len(evs) > 0 {
+				fins[i] = evs[len(evs)-1].GetFinished()
+			} else if ae := apierr.FromConnect(err); ae.Status == 503 && ae.Reason == "busy" {
+				// Under load the other may have paused before this one started.
+				fins[i] = &pb.Finished{Reason: pb.Finished_REASON_ERROR, Code: 503, ErrorReason: "busy"}
+			}
+		})
+	}
+	wg.Wait()
+	paused, busy := 0, 0
+	for _, f := range fins {
+		switch {
+		case f.GetReason() == pb.Finished_REASON_PAUSED:
+			paused++
+		case f.GetReason() == pb.Finished_REASON_ERROR && f.GetCode() == 503 && f.GetErrorReason() == "busy":
+			busy++
+		}
+	}
+	if paused != 1 || busy != 1 {
+		t.Fatalf("want one PAUSED and one ERROR 503 busy, got %v", fins)
 	}
 }
 
@@ -729,5 +747,27 @@ func TestAgentEnvironment(t *testing.T) {
 		if got := text(evs); got != want {
 			t.Fatalf("%s: agent sees %s, want %s", name, got, want)
 		}
+	}
+}
+
+// Elicitations the daemon cannot carry to a caller are answered cancel:
+// URL elicitations, and ones without a session when several turns run.
+func TestElicitationsNotCarried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "u", "askurl", manual)
+	mustOK(t, err)
+	if got := text(evs); got != "cancel" || finish(t, evs).GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("URL elicitation: %q %v", got, evs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "other", Prompt: "hang"}))
+	mustOK(t, err)
+	s.Receive()
+	evs, err = e.start(t, "q", "asknometa", manual)
+	mustOK(t, err)
+	if got := text(evs); got != "cancel" {
+		t.Fatalf("ambiguous elicitation: %q", got)
 	}
 }
