@@ -357,9 +357,15 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		s.model = string(model.CurrentModelId)
 	}
 	d.byACP[newID] = s
-	rec := *s.rec
+	head := *s.rec
 	d.mu.Unlock()
-	if err := d.store.save(&rec); err != nil {
+	err := d.store.update(head.ID, func(rec *sessionRecord) {
+		rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, head.UpdatedAt
+		if rec.CreatedAt.IsZero() {
+			rec.CreatedAt = head.CreatedAt
+		}
+	})
+	if err != nil {
 		return "", apierr.Internal(err)
 	}
 	return newID, nil

@@ -60,6 +60,9 @@ type Config struct {
 	RetainBytes  int
 	// MaxPausedRuns bounds the runs held open across a question (default 256).
 	MaxPausedRuns int
+	// FinishedRunTTL is how long an ended run's events stay for Attach
+	// (default 10 minutes); then only its outcome is remembered.
+	FinishedRunTTL time.Duration
 	// InitTimeout bounds the agent's answer to initialize (default 30 s).
 	InitTimeout time.Duration
 	// CancelGrace is how long a cancelled turn waits for the agent to
@@ -83,6 +86,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxPausedRuns <= 0 {
 		c.MaxPausedRuns = 256
+	}
+	if c.FinishedRunTTL <= 0 {
+		c.FinishedRunTTL = 10 * time.Minute
 	}
 	if c.InitTimeout <= 0 {
 		c.InitTimeout = 30 * time.Second
@@ -169,6 +175,7 @@ func New(cfg Config) (*Daemon, error) {
 		d.log.Error("session file skipped", "err", err)
 	}
 	for _, rec := range recs {
+		rec.Turns = nil // history stays on disk
 		d.sessions[rec.ID] = &session{rec: rec, byIA: map[string]*run{}}
 	}
 	return d, nil
@@ -368,6 +375,9 @@ func (d *Daemon) Attach(req *pb.AttachRequest) (*run, error) {
 	if _, _, err := r.log.since(req.GetFromSeq()); err != nil {
 		return nil, err
 	}
+	if r.state == stateDone && max(req.GetFromSeq(), 1) >= r.log.next {
+		return nil, apierr.New(http.StatusGone, "attachment_failed", "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
+	}
 	r.attached, r.log.pin = true, max(req.GetFromSeq(), 1)
 	return r, nil
 }
@@ -388,15 +398,21 @@ func (d *Daemon) Cancel(req *pb.CancelRequest) bool {
 
 // turnDone frees the session and records the turn.
 func (d *Daemon) turnDone(r *run, reply, end string) {
+	now := d.now().UTC()
 	d.mu.Lock()
 	s := r.sess
 	s.busy = false
-	s.rec.addTurn(turnRecord{RunID: r.id, Prompt: r.prompt, Reply: reply, End: end, At: d.now().UTC()})
-	s.rec.UpdatedAt = d.now().UTC()
-	rec := *s.rec
-	rec.Turns = append([]turnRecord(nil), s.rec.Turns...)
+	s.rec.UpdatedAt = now
+	head := *s.rec
 	d.mu.Unlock()
-	if err := d.store.save(&rec); err != nil {
+	err := d.store.update(head.ID, func(rec *sessionRecord) {
+		rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, now
+		if rec.CreatedAt.IsZero() {
+			rec.CreatedAt = head.CreatedAt
+		}
+		rec.addTurn(turnRecord{RunID: r.id, Prompt: r.prompt, Reply: reply, End: end, At: now})
+	})
+	if err != nil {
 		d.log.Error("save session", "err", err)
 	}
 }

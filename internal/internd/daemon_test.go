@@ -2,6 +2,9 @@ package internd_test
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -700,6 +703,20 @@ func TestRestartKeepsSessions(t *testing.T) {
 			if strings.Contains(text(evs), "replayed") {
 				t.Fatal("a session/load replay leaked into the stream")
 			}
+			// The history survived the restart: both turns are on disk.
+			files, _ := filepath.Glob(filepath.Join(e.cfg.DataDir, "sessions", "*.json"))
+			if len(files) != 1 {
+				t.Fatalf("session files: %v", files)
+			}
+			b, _ := os.ReadFile(files[0])
+			var rec struct {
+				ID    string `json:"id"`
+				Turns []struct{ Prompt, Reply, End string }
+			}
+			if err := json.Unmarshal(b, &rec); err != nil || rec.ID != "keep" || len(rec.Turns) != 2 ||
+				rec.Turns[0].Reply != before || rec.Turns[1].Reply != after || rec.Turns[1].End != "end_turn" {
+				t.Fatalf("history: %s", b)
+			}
 		})
 	}
 }
@@ -770,4 +787,23 @@ func TestElicitationsNotCarried(t *testing.T) {
 	if got := text(evs); got != "cancel" {
 		t.Fatalf("ambiguous elicitation: %q", got)
 	}
+}
+
+func TestFinishedRunEventsExpire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.FinishedRunTTL = 200 * time.Millisecond })
+	evs, err := e.start(t, "s", "hello", selfDrive)
+	mustOK(t, err)
+	run, last := started(t, evs).GetRunId(), evs[len(evs)-1].GetSeq()
+	// Soon after the end: replayable; past its end there is nothing to wait for.
+	got, err := e.attach(t, "s", run, 1)
+	mustOK(t, err)
+	if len(got) != len(evs) {
+		t.Fatalf("replay: %d events, want %d", len(got), len(evs))
+	}
+	_, err = e.attach(t, "s", run, last+1)
+	wantErr(t, err, 410, "attachment_failed")
+	time.Sleep(400 * time.Millisecond)
+	_, err = e.attach(t, "s", run, 1)
+	wantErr(t, err, 410, "attachment_failed")
 }

@@ -116,3 +116,8 @@ func (l *eventLog) since(from uint64) ([]*pb.RunEvent, <-chan struct{}, error) {
 	i := int(from - l.first)
 	return l.events[i:len(l.events):len(l.events)], l.wake, nil
 }
+
+// forget drops every event: later attachments get 410.
+func (l *eventLog) forget() {
+	l.events, l.sizes, l.bytes, l.first = nil, nil, 0, l.next
+}

@@ -184,6 +184,13 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 	r.addLocked(last)
 	r.state = stateDone
 	r.mu.Unlock()
+	// An ended run's events are for a consumer that reconnects soon; after
+	// a while only its outcome (for late answers) is kept.
+	time.AfterFunc(d.cfg.FinishedRunTTL, func() {
+		r.mu.Lock()
+		r.log.forget()
+		r.mu.Unlock()
+	})
 	if !wasPaused {
 		d.live.Add(-1)
 	}

@@ -80,6 +80,20 @@ func (f *fileStore) save(rec *sessionRecord) error {
 	return os.Rename(tmp.Name(), p)
 }
 
+// update applies fn to the session's record as stored (a fresh one if
+// none is) and saves it. The daemon keeps no history in memory; a session
+// has one turn at a time, so its updates never race.
+func (f *fileStore) update(id string, fn func(*sessionRecord)) error {
+	rec := &sessionRecord{ID: id}
+	if b, err := os.ReadFile(f.path(id)); err == nil {
+		if json.Unmarshal(b, rec) != nil || rec.ID != id {
+			rec = &sessionRecord{ID: id}
+		}
+	}
+	fn(rec)
+	return f.save(rec)
+}
+
 // loadAll reads every session record. A corrupt file is reported, not
 // fatal: one bad session must not keep the intern down.
 func (f *fileStore) loadAll() ([]*sessionRecord, []error) {
