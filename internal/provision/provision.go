@@ -86,9 +86,11 @@ func (p *Provisioner) init() {
 			p.RestartBackoff = time.Second
 		}
 		p.sups = map[string]*supervisor{}
-		// Daemons speak h2c: one connection carries many run streams.
+		// Daemons speak h2c (http://): one connection carries many run
+		// streams. A remote daemon behind a TLS proxy (https://) gets HTTP/2.
 		var protos http.Protocols
 		protos.SetUnencryptedHTTP2(true)
+		protos.SetHTTP2(true)
 		p.client = &http.Client{Transport: &http.Transport{Protocols: &protos, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
 	})
 }
