@@ -11,6 +11,13 @@
 //
 // Either way the daemon's URL and its secret (wrapped by the KEK) are in
 // the intern's row, so any gateway replica can reach any daemon.
+//
+// The chat gateway reaches a daemon through Dialer:
+//
+//	c, err := srv.Provisioner.Client(ctx, intern) // intern_not_ready 409, intern_unreachable 502
+//	st, err := c.StartTurn(ctx, connect.NewRequest(&interndv1.StartTurnRequest{...}))
+//	for st.Receive() { ev := st.Msg().GetEvent() … } // a refusal arrives as st.Err()
+//	e := apierr.FromConnect(st.Err())                 // the daemon's status and reason
 package provision
 
 import (
