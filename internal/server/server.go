@@ -18,6 +18,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/workspaces"
+	"github.com/cohort-dev/cohort/web"
 )
 
 // Prefix is the version prefix every API path carries.
@@ -72,6 +73,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
+	mux.Handle("/", web.Handler())
 	mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
 	})
