@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
@@ -105,9 +106,10 @@ func (c *Config) defaults() {
 // ends.
 func Serve(ctx context.Context, cfg Config, r io.Reader, w io.Writer) error {
 	a := New(cfg)
+	// No SetLogger: it races with the connection's reader in SDK v0.13.0;
+	// the SDK's few diagnostics go to slog's default logger.
 	conn := acp.NewAgentSideConnection(a, w, r)
-	conn.SetLogger(a.cfg.Logger)
-	a.conn = conn
+	a.SetConnection(conn)
 	select {
 	case <-conn.Done():
 		return nil
@@ -120,8 +122,12 @@ func Serve(ctx context.Context, cfg Config, r io.Reader, w io.Writer) error {
 // Serve (or acp.NewAgentSideConnection followed by SetConnection).
 type Agent struct {
 	cfg    Config
-	conn   *acp.AgentSideConnection
 	remote Model
+	// conn is set once, after the SDK has already started reading; ready
+	// closes then, and handlers wait for it.
+	conn      atomic.Pointer[acp.AgentSideConnection]
+	ready     chan struct{}
+	readyOnce sync.Once
 
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session
@@ -140,11 +146,21 @@ func New(cfg Config) *Agent {
 			MaxRetries: cfg.MaxRetries, HTTPClient: cfg.HTTPClient,
 		}),
 		sessions: map[acp.SessionId]*session{},
+		ready:    make(chan struct{}),
 	}
 }
 
 // SetConnection attaches the connection the agent sends updates and requests on.
-func (a *Agent) SetConnection(c *acp.AgentSideConnection) { a.conn = c }
+func (a *Agent) SetConnection(c *acp.AgentSideConnection) {
+	a.conn.Store(c)
+	a.readyOnce.Do(func() { close(a.ready) })
+}
+
+// client returns the connection to the client.
+func (a *Agent) client() *acp.AgentSideConnection {
+	<-a.ready
+	return a.conn.Load()
+}
 
 // model returns the Model behind a model id.
 func (a *Agent) model(id string) Model {
@@ -264,7 +280,7 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 		default:
 			continue
 		}
-		if err := a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: s.id, Update: u, Meta: map[string]any{MetaModel: model}}); err != nil {
+		if err := a.client().SessionUpdate(ctx, acp.SessionNotification{SessionId: s.id, Update: u, Meta: map[string]any{MetaModel: model}}); err != nil {
 			return acp.LoadSessionResponse{}, err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -192,6 +193,7 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 			text.WriteString(d.Content)
 			if out.Text != "" || out.Reasoning != "" {
 				if err := emit(out); err != nil {
+					resp.Text = text.String()
 					return resp, err
 				}
 			}
@@ -214,12 +216,16 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 			}
 		}
 	}
+	resp.Text = text.String()
 	if err := stream.Err(); err != nil {
 		switch {
 		case ctx.Err() != nil:
 			return resp, ctx.Err()
 		case fired():
 			return resp, &UpstreamError{Reason: "timeout", Message: fmt.Sprintf("model upstream timed out: nothing received for %s", m.idle)}
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return resp, &UpstreamError{Reason: "turn_failed", Message: "model upstream closed the stream before the answer finished: " + err.Error()}
 		}
 		return resp, &UpstreamError{Reason: "turn_failed", Message: m.redact(upstreamMessage(err))}
 	}
@@ -229,7 +235,6 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 		// complete one.
 		return resp, &UpstreamError{Reason: "turn_failed", Message: "model upstream closed the stream before the answer finished"}
 	}
-	resp.Text = text.String()
 	for i, c := range calls {
 		id := c.id.String()
 		if id == "" {

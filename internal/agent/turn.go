@@ -281,7 +281,7 @@ func (t *turn) emit(d Delta) error {
 func (t *turn) update(u acp.SessionUpdate) error {
 	// Not the turn's context: a cancelled turn still reports its last tool
 	// call status, and the connection's own lifetime bounds the write.
-	return t.a.conn.SessionUpdate(context.Background(), acp.SessionNotification{
+	return t.a.client().SessionUpdate(context.Background(), acp.SessionNotification{
 		SessionId: t.s.id, Update: u, Meta: map[string]any{MetaModel: t.model},
 	})
 }
@@ -299,9 +299,16 @@ func (t *turn) tool(ctx context.Context, call ToolCall) (string, error) {
 	return toolError(fmt.Sprintf("unknown tool %q; the tools are %s and %s", call.Name, ToolShell, ToolAskUser)), nil
 }
 
-func toolError(msg string) string {
-	b, _ := json.Marshal(map[string]string{"error": msg})
-	return string(b)
+func toolError(msg string) string { return toolJSON(map[string]string{"error": msg}) }
+
+// toolJSON encodes a tool result for the model, without HTML escaping (the
+// model reads "<", not "\u003c").
+func toolJSON(v any) string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // decodeArgs decodes a tool call's arguments strictly, so a model that
@@ -394,7 +401,6 @@ func (t *turn) shell(ctx context.Context, call ToolCall) (string, error) {
 	if res.TimedOut {
 		out["timed_out"] = fmt.Sprintf("the command was killed after %s", res.Duration.Round(time.Millisecond))
 	}
-	b, _ := json.Marshal(out)
 	status := acp.ToolCallStatusCompleted
 	if res.ExitCode != 0 || res.TimedOut {
 		status = acp.ToolCallStatusFailed
@@ -402,14 +408,14 @@ func (t *turn) shell(ctx context.Context, call ToolCall) (string, error) {
 	_ = t.update(acp.UpdateToolCall(id, acp.WithUpdateStatus(status),
 		acp.WithUpdateRawOutput(out),
 		acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(res.Output))})))
-	return string(b), nil
+	return toolJSON(out), nil
 }
 
 // askPermission asks the client whether the command may run and returns the
 // chosen option id. A cancelled outcome, or the turn's cancellation during
 // the wait, is errCancelled.
 func (t *turn) askPermission(ctx context.Context, id acp.ToolCallId, command string) (string, error) {
-	resp, err := t.a.conn.RequestPermission(ctx, acp.RequestPermissionRequest{
+	resp, err := t.a.client().RequestPermission(ctx, acp.RequestPermissionRequest{
 		SessionId: t.s.id,
 		Meta:      map[string]any{MetaModel: t.model, MetaTool: ToolShell},
 		ToolCall: acp.ToolCallUpdate{
@@ -511,7 +517,7 @@ func (t *turn) askUser(ctx context.Context, call ToolCall) (string, error) {
 			required = append(required, f.Name)
 		}
 	}
-	resp, err := t.a.conn.UnstableCreateElicitation(ctx, acp.UnstableCreateElicitationRequest{Form: &acp.UnstableCreateElicitationForm{
+	resp, err := t.a.client().UnstableCreateElicitation(ctx, acp.UnstableCreateElicitationRequest{Form: &acp.UnstableCreateElicitationForm{
 		Message: args.Message,
 		Mode:    "form",
 		Meta:    map[string]any{MetaSessionID: string(t.s.id), MetaToolCallID: call.ID, MetaModel: t.model, MetaTool: ToolAskUser},
@@ -542,7 +548,6 @@ func (t *turn) askUser(ctx context.Context, call ToolCall) (string, error) {
 	default:
 		answer = map[string]any{"action": "cancel"}
 	}
-	b, _ := json.Marshal(answer)
 	_ = t.update(acp.UpdateToolCall(id, acp.WithUpdateStatus(acp.ToolCallStatusCompleted), acp.WithUpdateRawOutput(answer)))
-	return string(b), nil
+	return toolJSON(answer), nil
 }

@@ -28,8 +28,11 @@ type Step struct {
 	// Chunks are the `data:` payloads, in order; "[DONE]" follows unless
 	// CloseMidStream.
 	Chunks []string
-	// CloseMidStream ends the body after Chunks without [DONE].
+	// CloseMidStream drops the connection after Chunks, without the end of
+	// the chunked body.
 	CloseMidStream bool
+	// EndWithoutDone ends the body cleanly after Chunks, without [DONE].
+	EndWithoutDone bool
 	// Hang, after Chunks, holds the response open until the client goes away.
 	Hang bool
 }
@@ -116,6 +119,7 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 	}
 	switch {
+	case step.EndWithoutDone:
 	case step.Hang:
 		<-r.Context().Done()
 	case step.CloseMidStream:
