@@ -703,3 +703,65 @@ func TestUnknownSession(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// The shell's bounds reach the model: a truncation note with the total size,
+// and a timeout that killed the command.
+func TestShellBoundsReachModel(t *testing.T) {
+	const m = "m"
+	cases := []struct {
+		name, command string
+		check         func(r map[string]any) bool
+	}{
+		{"output at the bound", "head -c 100 /dev/zero | tr '\\0' a", func(r map[string]any) bool {
+			return len(r["output"].(string)) == 100 && r["output_truncated"] == nil
+		}},
+		{"output past the bound", "head -c 101 /dev/zero | tr '\\0' a", func(r map[string]any) bool {
+			return len(r["output"].(string)) == 100 && r["output_truncated"] == "only the first 100 of 101 bytes are shown"
+		}},
+		{"timeout", "echo started; sleep 30", func(r map[string]any) bool {
+			s, _ := r["timed_out"].(string)
+			return r["output"] == "started\n" && strings.HasPrefix(s, "the command was killed after") && r["exit_code"] == float64(-1)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args, _ := json.Marshal(map[string]string{"command": c.command})
+			up := agenttest.NewUpstream(t, agenttest.Call(m, "call_1", "shell", string(args)), agenttest.Answer(m, 1, 1, "ok"))
+			h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL(), MaxToolOutput: 100, ShellTimeout: 300 * time.Millisecond}, nil)
+			h.mustPrompt(t, "run", agent.ModeSelfDrive)
+			content, _ := lastMessage(t, up.Requests()[1])["content"].(string)
+			var r map[string]any
+			if err := json.Unmarshal([]byte(content), &r); err != nil || !c.check(r) {
+				t.Fatalf("tool result %s (%v)", content, err)
+			}
+		})
+	}
+}
+
+func TestUpstreamErrorRedactsKey(t *testing.T) {
+	const key = "sk-echoed-by-a-bad-proxy"
+	up := agenttest.NewUpstream(t, agenttest.Step{Status: 401, ErrorMessage: "invalid key " + key})
+	h := start(t, agent.Config{Model: "m", BaseURL: up.BaseURL(), APIKey: key}, nil)
+	_, err := h.prompt(t, "hi", agent.ModeManual)
+	if err == nil || strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "HTTP 401: invalid key [redacted]") {
+		t.Fatalf("err %v", err)
+	}
+	if strings.Contains(h.logs.String(), key) {
+		t.Fatal("the key reached the log")
+	}
+}
+
+func TestPromptResourceLink(t *testing.T) {
+	h := start(t, agent.Config{}, nil)
+	resp, err := h.conn.Prompt(context.Background(), acp.PromptRequest{SessionId: h.session, Prompt: []acp.ContentBlock{
+		acp.TextBlock("look at"), acp.ResourceLinkBlock("notes", "file:///notes.txt"),
+	}})
+	if err != nil || resp.StopReason != acp.StopReasonEndTurn || !strings.Contains(h.client.Text(), "file:///notes.txt") {
+		t.Fatalf("%v %v %q", resp, err, h.client.Text())
+	}
+	_, err = h.conn.Prompt(context.Background(), acp.PromptRequest{SessionId: h.session, Prompt: []acp.ContentBlock{acp.TextBlock("  ")}})
+	var re *acp.RequestError
+	if !errors.As(err, &re) || re.Code != -32602 {
+		t.Fatalf("blank prompt: %v", err)
+	}
+}
