@@ -172,15 +172,17 @@ func (a *Agent) model(id string) Model {
 
 // session is one conversation.
 type session struct {
-	id  acp.SessionId
-	cwd string
-	// mode is the approval mode a prompt without one runs under.
-	mode string
+	id acp.SessionId
 
 	// turn serializes prompts: one turn at a time per session.
 	turn sync.Mutex
 
-	mu      sync.Mutex
+	// mu guards the fields below.
+	mu sync.Mutex
+	// cwd is where shell commands run (and the sandbox's writable directory).
+	cwd string
+	// mode is the approval mode a prompt without one runs under.
+	mode    string
 	model   string
 	history []Message
 	// escalated: an allow_always grant lifted the sandbox and the asking for
@@ -247,26 +249,26 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 	if a.cfg.StateDir == "" {
 		return acp.LoadSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionLoad)
 	}
+	mode, err := approvalMode(p.Meta, ModeManual)
+	if err != nil {
+		return acp.LoadSessionResponse{}, err
+	}
 	s, err := a.load(p.SessionId)
 	if err != nil {
 		return acp.LoadSessionResponse{}, err
 	}
-	if p.Cwd != "" {
-		s.cwd = a.workDir(p.Cwd)
-	}
-	if mode, err := approvalMode(p.Meta, ModeManual); err != nil {
-		return acp.LoadSessionResponse{}, err
-	} else {
-		s.mode = mode
-	}
 	a.mu.Lock()
 	if old, ok := a.sessions[s.id]; ok {
-		s = old
+		s = old // already live in this process: its memory is newer than the file
 	} else {
 		a.sessions[s.id] = s
 	}
 	a.mu.Unlock()
 	s.mu.Lock()
+	s.mode = mode
+	if p.Cwd != "" {
+		s.cwd = a.workDir(p.Cwd)
+	}
 	history := append([]Message(nil), s.history...)
 	model := s.model
 	s.mu.Unlock()

@@ -384,8 +384,11 @@ func (t *turn) shell(ctx context.Context, call ToolCall) (string, error) {
 		}
 	}
 	_ = t.update(acp.UpdateToolCall(id, acp.WithUpdateStatus(acp.ToolCallStatusInProgress)))
+	t.s.mu.Lock()
+	dir := t.s.cwd
+	t.s.mu.Unlock()
 	res, err := sandbox.Run(ctx, sandbox.Spec{
-		Command: args.Command, Dir: t.s.cwd, Confined: confined,
+		Command: args.Command, Dir: dir, Confined: confined,
 		Timeout: t.a.cfg.ShellTimeout, MaxOutput: t.a.cfg.MaxToolOutput, Bwrap: t.a.cfg.Bwrap,
 	})
 	if ctx.Err() != nil {
