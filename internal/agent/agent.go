@@ -244,12 +244,19 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 }
 
 // LoadSession implements acp.AgentLoader: it replays the stored conversation
-// as user and agent message chunks, then answers.
+// as user and agent message chunks, then answers. `_meta` may carry
+// MetaApprovalMode and MetaModel as on session/new.
 func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.LoadSessionResponse, error) {
 	if a.cfg.StateDir == "" {
 		return acp.LoadSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionLoad)
 	}
 	mode, err := approvalMode(p.Meta, ModeManual)
+	if err != nil {
+		return acp.LoadSessionResponse{}, err
+	}
+	// The client's model wins over the stored one: the intern's model may
+	// have changed while the session slept.
+	model, err := modelMeta(p.Meta, "")
 	if err != nil {
 		return acp.LoadSessionResponse{}, err
 	}
@@ -269,8 +276,11 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 	if p.Cwd != "" {
 		s.cwd = a.workDir(p.Cwd)
 	}
+	if model != "" {
+		s.model = model
+	}
 	history := append([]Message(nil), s.history...)
-	model := s.model
+	model = s.model
 	s.mu.Unlock()
 	for _, m := range history {
 		var u acp.SessionUpdate

@@ -686,6 +686,24 @@ func TestSessionLoad(t *testing.T) {
 	h2.session = h.session
 	h2.client.Reset()
 	h2.mustPrompt(t, "again", agent.ModeManual)
+	if !strings.HasSuffix(h2.client.Text(), "You said: again") {
+		t.Fatalf("after load: %q", h2.client.Text())
+	}
+
+	// A load may change the model (the intern's model changed meanwhile).
+	up := agenttest.NewUpstream(t, agenttest.Answer("served", 1, 1, "ok"))
+	h3 := start(t, agent.Config{StateDir: state, BaseURL: up.BaseURL()}, nil)
+	res, err := h3.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: h.session, Cwd: h.dir, McpServers: []acp.McpServer{},
+		Meta: map[string]any{agent.MetaModel: "new-model"}})
+	if err != nil || res.Models == nil || res.Models.CurrentModelId != "new-model" {
+		t.Fatalf("load with model: %+v %v", res, err)
+	}
+	h3.session = h.session
+	h3.mustPrompt(t, "third", agent.ModeManual)
+	msgs, _ := up.Requests()[0]["messages"].([]any)
+	if up.Requests()[0]["model"] != "new-model" || len(msgs) != 6 { // system + 2 turns of user/assistant + this prompt
+		t.Fatalf("request after load: %v", up.Requests()[0])
+	}
 	for _, bad := range []acp.SessionId{"sess_0123", "../../etc/passwd", "sess_00000000000000000000000000000000"} {
 		_, err := h2.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: bad, Cwd: h.dir, McpServers: []acp.McpServer{}})
 		var re *acp.RequestError

@@ -46,7 +46,7 @@
 //     handed back to the model as {"action": …, "content": …}; the turn goes
 //     on. Clients should advertise clientCapabilities.elicitation.form; one
 //     that answers "method not found" makes the model continue without asking.
-//   - Model: session/new `_meta["cohort.dev/model"]` or the "model" config
+//   - Model: session/new (or session/load) `_meta["cohort.dev/model"]` or the "model" config
 //     option (any id the upstream serves; "cohort/demo" is offline) picks the
 //     session's model; the flag gives the default. Every session/update the
 //     agent sends carries `_meta["cohort.dev/model"]`: the model id the
