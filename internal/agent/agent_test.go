@@ -783,3 +783,55 @@ func TestPromptResourceLink(t *testing.T) {
 		t.Fatalf("blank prompt: %v", err)
 	}
 }
+
+// session/cancel ends the turn whatever it waits on: a question, or a
+// running command (whose process group is killed).
+func TestCancelDuringQuestionAndCommand(t *testing.T) {
+	cases := []struct {
+		name, prompt, mode string
+		setup              func(h *harness, waiting chan<- struct{})
+	}{
+		{"question", "anything?", agent.ModeManual, func(h *harness, waiting chan<- struct{}) {
+			h.client.OnElicit = func(ctx context.Context, _ acp.UnstableCreateElicitationRequest) (acp.UnstableCreateElicitationResponse, error) {
+				close(waiting)
+				<-ctx.Done()
+				return acp.NewUnstableCreateElicitationResponseCancel(), nil
+			}
+		}},
+		{"command", "$ touch started && sleep 30 && touch finished", agent.ModeSelfDrive, func(h *harness, waiting chan<- struct{}) {
+			go func() {
+				for {
+					if _, err := os.Stat(filepath.Join(h.dir, "started")); err == nil {
+						close(waiting)
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := start(t, agent.Config{}, nil)
+			waiting := make(chan struct{})
+			c.setup(h, waiting)
+			go func() {
+				<-waiting
+				_ = h.conn.Cancel(context.Background(), acp.CancelNotification{SessionId: h.session})
+			}()
+			began := time.Now()
+			resp := h.mustPrompt(t, c.prompt, c.mode)
+			if resp.StopReason != acp.StopReasonCancelled || time.Since(began) > 10*time.Second {
+				t.Fatalf("stop %q after %v", resp.StopReason, time.Since(began))
+			}
+			if _, err := os.Stat(filepath.Join(h.dir, "finished")); err == nil {
+				t.Fatal("the command went on after the cancel")
+			}
+			// The session goes on.
+			h.client.Reset()
+			if h.mustPrompt(t, "hi", agent.ModeManual); h.client.Text() != "Hello from cohort/demo. You said: hi" {
+				t.Fatalf("after cancel: %q", h.client.Text())
+			}
+		})
+	}
+}
