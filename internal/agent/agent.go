@@ -65,7 +65,9 @@ type Config struct {
 	// IdleTimeout bounds a model call's wait for its first byte and between
 	// chunks.
 	IdleTimeout time.Duration
-	// MaxRetries of a failed model call (connection errors, 408, 409, 429, 5xx).
+	// MaxRetries of a model call that failed before streaming (connection
+	// errors, 408, 409, 429, 5xx); zero means none (`cohort agent` uses
+	// DefaultMaxRetries).
 	MaxRetries int
 	// ShellTimeout and MaxToolOutput bound one shell command.
 	ShellTimeout  time.Duration
