@@ -72,9 +72,9 @@ func TestNormalizeHost(t *testing.T) {
 		{"x-.com", "hyphen"},
 		{strings.Repeat("a", 64) + ".com", "63"},
 		{name253 + "c", "253"},
-		{"x\u200b.com", "IDNA"},        // zero-width space, silently dropped by IDNA
-		{"ｘ.com", "IDNA"},              // fullwidth x folds to x
-		{"x。com", "IDNA"},              // ideographic full stop folds to a dot
+		{"x\u200b.com", "IDNA"}, // zero-width space, silently dropped by IDNA
+		{"ｘ.com", "IDNA"},       // fullwidth x folds to x
+		{"x。com", "IDNA"},       // ideographic full stop folds to a dot
 		{"xn--zz.com", "internationalized"},
 		{"xn--bcher-kva\u200b.de", "IDNA"},
 		{"x.com\xff", "UTF-8"},

@@ -181,7 +181,7 @@ func checkValue(v string) error {
 func parseInternID(s string) (string, error) {
 	u, err := uuid.Parse(s)
 	if err != nil || len(s) != 36 {
-		return "", apierr.BadRequest("internId must be a UUID")
+		return "", apierr.BadRequest("intern id must be a UUID")
 	}
 	return u.String(), nil
 }
