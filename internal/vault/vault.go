@@ -400,3 +400,39 @@ func (c *keyCache) put(v *store.Vault, kr *Keyring) {
 	}
 	c.m[v.ID] = cachedKeys{data: bytes.Clone(v.DataKeyset), mac: bytes.Clone(v.MACKeyset), kr: kr}
 }
+
+// RewrapAll re-wraps the data keys of every vault under the KEK's current
+// primary key (after envelope.Rotate added one) and returns how many vaults
+// it re-wrapped. Ciphertexts and fingerprints are untouched: the data keys
+// themselves do not change. It works page by page and each vault is one
+// small update, so servers keep running meanwhile; both the old and the new
+// wrapping open with the rotated KEK file.
+func (s *Service) RewrapAll(ctx context.Context) (int64, error) {
+	const page = 100
+	var n int64
+	last := ""
+	for {
+		var vs []store.Vault
+		if err := s.DB.NewSelect().Model(&vs).Where("id > ?", last).Order("id").Limit(page).Scan(ctx); err != nil {
+			return n, err
+		}
+		for i := range vs {
+			v := &vs[i]
+			if err := Rewrap(s.KEK, v); err != nil {
+				return n, err
+			}
+			now := s.now()
+			_, err := s.DB.NewUpdate().Model((*store.Vault)(nil)).
+				Set("data_keyset = ?", v.DataKeyset).Set("mac_keyset = ?", v.MACKeyset).Set("rewrapped_at = ?", now).
+				Where("id = ?", v.ID).Exec(ctx)
+			if err != nil {
+				return n, fmt.Errorf("vault %s: %w", v.ID, err)
+			}
+			n++
+		}
+		if len(vs) < page {
+			return n, nil
+		}
+		last = vs[len(vs)-1].ID
+	}
+}
