@@ -2,8 +2,11 @@ package vault_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,6 +209,54 @@ func TestBodyLimit(t *testing.T) {
 		wantError(t, st, resp, 413, "payload_too_large", "425000")
 		if got := counts(t, e); got != "vaults=1 vault_secrets=1 vault_releases=0" {
 			t.Fatalf("rows: %s", got)
+		}
+	})
+}
+
+// TestConcurrentFirstWrites: many writers racing to create an intern's vault
+// and the same secret end with one vault, one row, and every answer 201 or
+// 200 (exactly one 201).
+func TestConcurrentFirstWrites(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		const n = 8
+		statuses := make(chan int, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest("PUT", e.URL+secretPath(e.InternID, "shared"), strings.NewReader(fmt.Sprintf(`{"hosts":["x.com"],"value":"v%d"}`, i)))
+				req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+				res, err := e.HTTPClient().Do(req)
+				if err != nil {
+					statuses <- 0
+					return
+				}
+				res.Body.Close()
+				statuses <- res.StatusCode
+			}()
+		}
+		wg.Wait()
+		close(statuses)
+		created := 0
+		for st := range statuses {
+			switch st {
+			case 201:
+				created++
+			case 200:
+			default:
+				t.Fatalf("status %d", st)
+			}
+		}
+		if created != 1 {
+			t.Fatalf("%d writers saw 201", created)
+		}
+		if got := counts(t, e); got != "vaults=1 vault_secrets=1 vault_releases=0" {
+			t.Fatalf("rows: %s", got)
+		}
+		if _, err := e.Server.Vault.ReleaseSecret(context.Background(), e.InternID, "shared", "x.com"); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

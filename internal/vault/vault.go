@@ -213,7 +213,7 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 	if err != nil {
 		return nil, err
 	}
-	v, kr, err := s.internVault(ctx, in, true)
+	v, kr, err := s.internVault(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -312,22 +312,12 @@ func (s *Service) findSecret(ctx context.Context, v *store.Vault, name string) (
 
 // internVault returns the intern's vault and its keys, creating the vault
 // (with fresh keys) on first use.
-func (s *Service) internVault(ctx context.Context, in *store.Intern, create bool) (*store.Vault, *Keyring, error) {
+func (s *Service) internVault(ctx context.Context, in *store.Intern) (*store.Vault, *Keyring, error) {
 	v, err := s.findVault(ctx, in.ID)
-	if err == errSecretNotFound && create {
-		v = &store.Vault{ID: uuid.NewString(), OrganizationID: in.OrganizationID, ScopeKind: store.VaultScopeIntern,
-			OwnerID: in.ID, CreatedAt: s.now()}
-		kr, err := NewKeyring(s.KEK, v)
-		if err != nil {
-			return nil, nil, apierr.Internal(fmt.Errorf("new vault keys: %w", err))
-		}
-		res, err := s.DB.NewInsert().Model(v).On("CONFLICT (scope_kind, owner_id) DO NOTHING").Exec(ctx)
-		if err != nil {
-			return nil, nil, apierr.Internal(fmt.Errorf("create vault: %w", err))
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			s.keys.put(v, kr)
-			return v, kr, nil
+	if err == errSecretNotFound {
+		var kr *Keyring
+		if v, kr, err = s.createVault(ctx, in); kr != nil || err != nil {
+			return v, kr, err
 		}
 		// A concurrent request created it first: use theirs.
 		v, err = s.findVault(ctx, in.ID)
@@ -342,6 +332,26 @@ func (s *Service) internVault(ctx context.Context, in *store.Intern, create bool
 	if err != nil {
 		return nil, nil, apierr.Internal(err)
 	}
+	return v, kr, nil
+}
+
+// createVault makes the intern's vault with fresh keys. It returns no
+// keyring and no error when another request created the vault first.
+func (s *Service) createVault(ctx context.Context, in *store.Intern) (*store.Vault, *Keyring, error) {
+	v := &store.Vault{ID: uuid.NewString(), OrganizationID: in.OrganizationID, ScopeKind: store.VaultScopeIntern,
+		OwnerID: in.ID, CreatedAt: s.now()}
+	kr, err := NewKeyring(s.KEK, v)
+	if err != nil {
+		return nil, nil, apierr.Internal(fmt.Errorf("new vault keys: %w", err))
+	}
+	res, err := s.DB.NewInsert().Model(v).On("CONFLICT (scope_kind, owner_id) DO NOTHING").Exec(ctx)
+	if err != nil {
+		return nil, nil, apierr.Internal(fmt.Errorf("create vault: %w", err))
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return nil, nil, nil
+	}
+	s.keys.put(v, kr)
 	return v, kr, nil
 }
 
