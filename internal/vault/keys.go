@@ -148,8 +148,10 @@ func hostsJSON(hosts []string) string {
 }
 
 // Seal encrypts value for the secret name, bound to hosts, in vault vaultID.
-func (k *Keyring) Seal(vaultID, name string, hosts []string, value string) ([]byte, error) {
-	return k.aead.Encrypt([]byte(value), secretAD(vaultID, name, hostsJSON(hosts)))
+// Values are bytes here so a write converts its value once for both Seal
+// and Fingerprint (values reach 64 KiB).
+func (k *Keyring) Seal(vaultID, name string, hosts []string, value []byte) ([]byte, error) {
+	return k.aead.Encrypt(value, secretAD(vaultID, name, hostsJSON(hosts)))
 }
 
 // Open decrypts what Seal produced. Any change to the ciphertext, the vault,
@@ -165,8 +167,8 @@ func (k *Keyring) Open(vaultID, name string, hosts []string, ciphertext []byte) 
 // Fingerprint is the HMAC-SHA-256 of value under this vault's fingerprint
 // key, as "sha256:" and 64 hex digits. Equal values in one vault give equal
 // fingerprints; another vault's key gives another one.
-func (k *Keyring) Fingerprint(value string) (string, error) {
-	tag, err := k.mac.ComputeMAC([]byte(value))
+func (k *Keyring) Fingerprint(value []byte) (string, error) {
+	tag, err := k.mac.ComputeMAC(value)
 	if err != nil {
 		return "", err
 	}

@@ -217,11 +217,12 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 	if err != nil {
 		return nil, err
 	}
-	ct, err := kr.Seal(v.ID, name, hosts, value)
+	vb := []byte(value)
+	ct, err := kr.Seal(v.ID, name, hosts, vb)
 	if err != nil {
 		return nil, apierr.Internal(fmt.Errorf("seal secret in vault %s: %w", v.ID, err))
 	}
-	fp, err := kr.Fingerprint(value)
+	fp, err := kr.Fingerprint(vb)
 	if err != nil {
 		return nil, apierr.Internal(fmt.Errorf("fingerprint in vault %s: %w", v.ID, err))
 	}
