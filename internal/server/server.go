@@ -38,7 +38,6 @@ type Server struct {
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
-	in := &interns.Service{DB: db}
 	return &Server{
 		DB:         db,
 		Log:        log,
@@ -46,8 +45,8 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Auth:       &auth.Authenticator{DB: db},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
-		Interns:    in,
-		Vault:      &vault.Service{DB: db, KEK: kek, Interns: in},
+		Interns:    &interns.Service{DB: db},
+		Vault:      &vault.Service{DB: db, KEK: kek, Interns: &interns.Service{DB: db}},
 	}
 }
 
