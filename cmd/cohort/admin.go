@@ -31,6 +31,7 @@ type adminEnv struct {
 	out  io.Writer
 	json bool
 	f    *adminFlags
+	cfg  config.Config
 }
 
 type adminFlags struct {
@@ -248,6 +249,7 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.printOne(in)
 	}},
+	"vault rotate-kek": {"[--kek-file F]  new KEK primary key; re-wrap every vault's data keys (ciphertexts untouched, no downtime)", vaultRotateKEK},
 }
 
 func keyState(op func(*accounts.Service, context.Context, *auth.Principal, string) (*cohortv1.ApiKey, error)) func(context.Context, *adminEnv) error {
@@ -339,6 +341,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer db.Close()
 	e.db = db
+	e.cfg = cfg
 	e.acc = &accounts.Service{DB: db}
 	e.ws = &workspaces.Service{DB: db}
 	e.in = &interns.Service{DB: db}

@@ -112,7 +112,15 @@ func loadKEK(cfg config.Config) (*envelope.KEK, error) {
 	if cfg.KEKFile != "" {
 		return envelope.Load(cfg.KEKFile)
 	}
-	return envelope.LoadOrCreate(filepath.Join(cfg.DataDir, "kek.json"))
+	return envelope.LoadOrCreate(kekPath(cfg))
+}
+
+// kekPath is the configured key-encryption key file.
+func kekPath(cfg config.Config) string {
+	if cfg.KEKFile != "" {
+		return cfg.KEKFile
+	}
+	return filepath.Join(cfg.DataDir, "kek.json")
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

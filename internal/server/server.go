@@ -17,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 	"github.com/cohort-dev/cohort/web"
 )
@@ -33,6 +34,7 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
+	Vault      *vault.Service
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
@@ -45,6 +47,7 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    &interns.Service{DB: db},
+		Vault:      &vault.Service{DB: db, KEK: kek, Interns: &interns.Service{DB: db}},
 	}
 }
 
@@ -58,9 +61,13 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
+	mount(vault.NewConnectHandler(s.Vault, opts))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
+	vr := vault.REST{S: s.Vault, Auth: s.Auth}
+	mux.HandleFunc("PUT "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.Put)
+	mux.HandleFunc(Prefix+"/vault/", vr.Other)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
