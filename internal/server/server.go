@@ -14,9 +14,11 @@ import (
 	"github.com/cohort-dev/cohort/internal/accounts"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 )
 
@@ -32,10 +34,15 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
+	// Chat is the chat orchestration; its Daemons is set by the provisioner.
+	Chat *chat.Service
+	// ChatSSE tunes the chat event streams of the REST door.
+	ChatSSE sse.Options
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
+	ins := &interns.Service{DB: db}
 	return &Server{
 		DB:         db,
 		Log:        log,
@@ -43,7 +50,8 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Auth:       &auth.Authenticator{DB: db},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
-		Interns:    &interns.Service{DB: db},
+		Interns:    ins,
+		Chat:       &chat.Service{Interns: ins, Limiter: chat.NewMemoryLimiter(chat.DefaultTurnBurst, chat.DefaultTurnPeriod)},
 	}
 }
 
@@ -57,9 +65,12 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
+	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
+	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}
+	mux.HandleFunc("POST "+Prefix+"/interns/{internId}/chat/completions", chatREST.Completions)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
