@@ -245,6 +245,7 @@ var (
 	errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
 	errRejected    = apierr.New(http.StatusBadGateway, "intern_rejected", "the intern rejected the request")
 	errTimeout     = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern did not answer within the request budget")
+	errSilent      = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern sent nothing for longer than the stream allows")
 	errSevered     = apierr.New(http.StatusBadGateway, "stream_severed", "the connection to the intern broke before the run ended")
 	// errClientClosed is what a caller who hung up is logged with (499).
 	errClientClosed = apierr.New(499, "client_closed_request", "the caller closed the request")

@@ -246,4 +246,3 @@ func TestUnreachable(t *testing.T) {
 		wantRefusal(t, status, body, 502, "intern_unreachable")
 	})
 }
-

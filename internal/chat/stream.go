@@ -134,7 +134,7 @@ func (s *Stream) Next() (*cohortv1.ChatCompletionChunk, error) {
 // without a Finished event.
 func (s *Stream) midStreamError(err error) *apierr.Error {
 	if s.timedOut.Load() {
-		return errTimeout.WithCause(err)
+		return errSilent.WithCause(err)
 	}
 	if err == nil {
 		return errSevered.WithCause(errors.New("daemon stream ended without a Finished event"))
