@@ -46,7 +46,7 @@ type daemon struct {
 	client interndv1connect.InternDaemonServiceClient
 }
 
-func newDaemon(t testing.TB) *daemon {
+func newDaemon(t testing.TB, opts ...connect.ClientOption) *daemon {
 	d := &daemon{ended: make(chan error, 100)}
 	mux := http.NewServeMux()
 	mux.Handle(interndv1connect.NewInternDaemonServiceHandler(d))
@@ -59,7 +59,7 @@ func newDaemon(t testing.TB) *daemon {
 	t.Cleanup(d.srv.Close)
 	var cp http.Protocols
 	cp.SetUnencryptedHTTP2(true)
-	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: &http.Transport{Protocols: &cp}}, d.srv.URL)
+	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: &http.Transport{Protocols: &cp}}, d.srv.URL, opts...)
 	return d
 }
 
@@ -192,7 +192,7 @@ type env struct {
 
 var fixed = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
-func newEnv(t *testing.T, db *bun.DB, configure ...func(*server.Server)) *env {
+func newEnv(t testing.TB, db *bun.DB, configure ...func(*server.Server)) *env {
 	t.Helper()
 	d := newDaemon(t)
 	base := func(s *server.Server) {
