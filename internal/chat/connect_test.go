@@ -3,6 +3,7 @@ package chat_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -75,6 +76,7 @@ func TestConnectDoor(t *testing.T) {
 			{"no key", "", &cohortv1.StreamChatCompletionRequest{InternId: e.InternID}, nil, connect.CodeUnauthenticated, 0, ""},
 			{"bad request", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID}, nil, connect.CodeInvalidArgument, 400, "bad_request"},
 			{"prompt past the bound", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID, Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr(string(make([]rune, 32001)))}}}, nil, connect.CodeInvalidArgument, 400, "bad_request"},
+			{"message past 1 MiB", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID, Messages: []*cohortv1.ChatMessage{{Role: "system", Content: ptr(strings.Repeat("x", 1<<20))}, {Role: "user", Content: ptr("hi")}}}, nil, connect.CodeResourceExhausted, 0, ""},
 			{"unknown intern", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: uuid.NewString(), Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr("hi")}}}, nil, connect.CodeNotFound, 404, "not_found"},
 			{"busy", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID, Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr("hi")}}}, events(refuse(409, "busy")), connect.CodeFailedPrecondition, 409, "busy"},
 			{"interaction_unknown", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID, SessionId: ptr("s"), Messages: []*cohortv1.ChatMessage{{Role: "tool", ToolCallId: "i", Content: ptr("allow_once")}}}, events(refuse(404, "interaction_unknown")), connect.CodeNotFound, 404, "interaction_unknown"},

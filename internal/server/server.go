@@ -65,7 +65,7 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
-	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts))
+	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
