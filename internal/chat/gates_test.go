@@ -12,6 +12,7 @@ import (
 	"github.com/uptrace/bun"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/server"
@@ -245,4 +246,53 @@ func TestUnreachable(t *testing.T) {
 		status, body, _ := e.chat(t, userBody("hi"))
 		wantRefusal(t, status, body, 502, "intern_unreachable")
 	})
+}
+
+// tokens stands in for the federation package's verifier: it accepts one
+// access token and names the key it acts as.
+type tokens struct{ token, keyID string }
+
+func (v tokens) VerifyAccessToken(_ context.Context, tok string) (string, error) {
+	if tok != v.token {
+		return "", apierr.Unauthenticated("invalid access token")
+	}
+	return v.keyID, nil
+}
+
+// TestAccessTokenActsAsKey: a federation access token authenticates the
+// chat route as the workspace key it targets, shares that organization's
+// turn budget, and stops working when the key is disabled.
+func TestAccessTokenActsAsKey(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		const tok = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3b3JrbG9hZCJ9.c2ln"
+		var keyID string
+		e := newEnv(t, db, func(s *server.Server) {
+			s.Auth.Tokens = &lazyTokens{token: tok, keyID: &keyID}
+			s.Chat.Limiter = chat.NewMemoryLimiter(2, time.Hour)
+		})
+		if err := db.NewSelect().Model((*store.APIKey)(nil)).Column("id").Where("kind = ?", store.KeyWorkspace).Limit(1).Scan(context.Background(), &keyID); err != nil {
+			t.Fatal(err)
+		}
+		e.d.set(okScript, okScript)
+		if status, body, _ := e.post(t, tok, e.InternID, userBody("hi")); status != 200 {
+			t.Fatalf("%d %s", status, body)
+		}
+		if status, _, _ := e.chat(t, userBody("hi")); status != 200 {
+			t.Fatal(status)
+		}
+		status, body, _ := e.post(t, tok, e.InternID, userBody("hi"))
+		wantRefusal(t, status, body, 429, "rate_limited")
+		exec(t, db, "UPDATE api_keys SET disabled_at = ? WHERE id = ?", time.Now().UTC(), keyID)
+		status, body, _ = e.post(t, tok, e.InternID, userBody("hi"))
+		wantRefusal(t, status, body, 401, "")
+	})
+}
+
+type lazyTokens struct {
+	token string
+	keyID *string
+}
+
+func (v *lazyTokens) VerifyAccessToken(ctx context.Context, tok string) (string, error) {
+	return tokens{v.token, *v.keyID}.VerifyAccessToken(ctx, tok)
 }
