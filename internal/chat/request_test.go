@@ -174,13 +174,19 @@ func TestRequestReachesDaemon(t *testing.T) {
 		mustOK(userBody("second", `,"approval_mode":"manual","session_id":"sess-9"`))
 		mustOK(`{"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a "},{"type":"text","text":"b"}]}]}`)
 		mustOK(toolBody("sess-9", "int-7", `{"action":"accept","content":{"colour":"red"}}`))
+		// The Content-Type is not enforced: `curl -d` sends a form type.
+		for _, ct := range []string{"", "application/x-www-form-urlencoded", "text/plain"} {
+			if status, b, _ := e.Do(t, "POST", "/interns/"+e.InternID+"/chat/completions", e.WorkspaceKey, ct, userBody("typed")); status != 200 {
+				t.Errorf("content type %q: %d %s", ct, status, b)
+			}
+		}
 		starts, answers := e.d.calls()
 		want := []*interndv1.StartTurnRequest{
 			{Prompt: "first", ApprovalMode: interndv1.ApprovalMode_APPROVAL_MODE_SELF_DRIVE},
 			{Prompt: "second", SessionId: "sess-9", ApprovalMode: interndv1.ApprovalMode_APPROVAL_MODE_MANUAL},
 			{Prompt: "a b", ApprovalMode: interndv1.ApprovalMode_APPROVAL_MODE_SELF_DRIVE},
 		}
-		if len(starts) != len(want) {
+		if len(starts) != len(want)+3 {
 			t.Fatalf("%d starts", len(starts))
 		}
 		for i := range want {
