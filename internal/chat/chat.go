@@ -176,6 +176,7 @@ func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	defer func() {
 		if !opened {
 			st.Close()
+			st.release()
 		}
 	}()
 
