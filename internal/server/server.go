@@ -14,9 +14,11 @@ import (
 	"github.com/cohort-dev/cohort/internal/accounts"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 	"github.com/cohort-dev/cohort/web"
@@ -35,10 +37,15 @@ type Server struct {
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
 	Vault      *vault.Service
+	// Chat is the chat orchestration; its Daemons is set by the provisioner.
+	Chat *chat.Service
+	// ChatSSE tunes the chat event streams of the REST door.
+	ChatSSE sse.Options
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
+	ins := &interns.Service{DB: db}
 	return &Server{
 		DB:         db,
 		Log:        log,
@@ -46,8 +53,9 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Auth:       &auth.Authenticator{DB: db},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
-		Interns:    &interns.Service{DB: db},
-		Vault:      &vault.Service{DB: db, KEK: kek, Interns: &interns.Service{DB: db}},
+		Interns:    ins,
+		Vault:      &vault.Service{DB: db, KEK: kek, Interns: ins},
+		Chat:       &chat.Service{Interns: ins, Limiter: chat.NewMemoryLimiter(chat.DefaultTurnBurst, chat.DefaultTurnPeriod)},
 	}
 }
 
@@ -68,6 +76,9 @@ func (s *Server) Handler() http.Handler {
 	vr := vault.REST{S: s.Vault, Auth: s.Auth}
 	mux.HandleFunc("PUT "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.Put)
 	mux.HandleFunc(Prefix+"/vault/", vr.Other)
+	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
+	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}
+	mux.HandleFunc("POST "+Prefix+"/interns/{internId}/chat/completions", chatREST.Completions)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
