@@ -251,6 +251,7 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.printOne(in)
 	}},
+	"vault rotate-kek": {"[--kek-file F]  new KEK primary key; re-wrap every vault's data keys (ciphertexts untouched, no downtime)", vaultRotateKEK},
 }
 
 func keyState(op func(*accounts.Service, context.Context, *auth.Principal, string) (*cohortv1.ApiKey, error)) func(context.Context, *adminEnv) error {
@@ -342,7 +343,8 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	e.db, e.cfg = db, cfg
+	e.db = db
+	e.cfg = cfg
 	e.acc = &accounts.Service{DB: db}
 	e.ws = &workspaces.Service{DB: db}
 	e.in = &interns.Service{DB: db}

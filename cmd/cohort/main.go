@@ -30,6 +30,7 @@ Usage:
   cohort admin   <noun> <verb> the operator's CLI (cohort admin help)
   cohort migrate [flags]       apply database migrations and exit
   cohort intern  [flags]       run one intern's daemon (started by serve's local provisioner, or by you)
+  cohort agent   [flags]       the built-in ACP agent on stdin/stdout
 
 Run "cohort <command> -h" for a command's flags.
 `
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return migrateCmd(ctx, args[1:], stdout, stderr)
 	case "intern":
 		return internCmd(ctx, args[1:], stdout, stderr)
+	case "agent":
+		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -112,7 +115,15 @@ func loadKEK(cfg config.Config) (*envelope.KEK, error) {
 	if cfg.KEKFile != "" {
 		return envelope.Load(cfg.KEKFile)
 	}
-	return envelope.LoadOrCreate(filepath.Join(cfg.DataDir, "kek.json"))
+	return envelope.LoadOrCreate(kekPath(cfg))
+}
+
+// kekPath is the configured key-encryption key file.
+func kekPath(cfg config.Config) string {
+	if cfg.KEKFile != "" {
+		return cfg.KEKFile
+	}
+	return filepath.Join(cfg.DataDir, "kek.json")
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

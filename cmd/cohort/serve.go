@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
@@ -24,6 +25,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
+	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -31,6 +33,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.Provisioner != provision.Local && cfg.Provisioner != provision.Remote {
 		return fmt.Errorf("--provisioner must be local or remote, not %q", cfg.Provisioner)
 	}
+	cfg.RegionalHosts = splitList(*regional)
 	log, err := newLogger(stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -63,11 +66,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	srv := server.New(db, kek, log)
 	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir}
-	srv.Provisioner, srv.Interns.Lifecycle = prov, prov
+	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
 	defer prov.Close()
 	if err := prov.Start(ctx); err != nil {
 		return fmt.Errorf("start interns: %w", err)
 	}
+	srv.Vault.RegionalHosts = cfg.RegionalHosts
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
@@ -90,4 +94,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

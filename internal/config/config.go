@@ -20,6 +20,9 @@ type Config struct {
 	NoBootstrap bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// RegionalHosts are Host header values (regional API hostnames) on
+	// which the vault refuses every request with 403.
+	RegionalHosts []string
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
 	// Provisioner hosts interns: "local" (daemons started by the gateway)

@@ -50,6 +50,15 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 	return s.ResponseWriter.Write(b)
 }
 
+// Flush lets streaming handlers that need an http.Flusher directly (Connect
+// server streams) flush through the access log.
+func (s *statusWriter) Flush() {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	_ = http.NewResponseController(s.ResponseWriter).Flush()
+}
+
 // Unwrap lets http.ResponseController reach Flush and deadlines.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 

@@ -14,11 +14,15 @@ import (
 	"github.com/cohort-dev/cohort/internal/accounts"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
+	"github.com/cohort-dev/cohort/web"
 )
 
 // Prefix is the version prefix every API path carries.
@@ -37,10 +41,16 @@ type Server struct {
 	// uses its Client). Nil until cmd/cohort (or a test) sets it, together
 	// with Interns.Lifecycle.
 	Provisioner *provision.Provisioner
+	Vault       *vault.Service
+	// Chat is the chat orchestration; its Daemons is set by the provisioner.
+	Chat *chat.Service
+	// ChatSSE tunes the chat event streams of the REST door.
+	ChatSSE sse.Options
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
+	ins := &interns.Service{DB: db}
 	return &Server{
 		DB:         db,
 		Log:        log,
@@ -48,7 +58,9 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Auth:       &auth.Authenticator{DB: db},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
-		Interns:    &interns.Service{DB: db},
+		Interns:    ins,
+		Vault:      &vault.Service{DB: db, KEK: kek, Interns: ins},
+		Chat:       &chat.Service{Interns: ins, Limiter: chat.NewMemoryLimiter(chat.DefaultTurnBurst, chat.DefaultTurnPeriod)},
 	}
 }
 
@@ -62,9 +74,16 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
+	mount(vault.NewConnectHandler(s.Vault, opts))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
+	vr := vault.REST{S: s.Vault, Auth: s.Auth}
+	mux.HandleFunc("PUT "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.Put)
+	mux.HandleFunc(Prefix+"/vault/", vr.Other)
+	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
+	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}
+	mux.HandleFunc("POST "+Prefix+"/interns/{internId}/chat/completions", chatREST.Completions)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -77,6 +96,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
+	mux.Handle("/", web.Handler())
 	mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
 	})

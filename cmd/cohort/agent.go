@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+
+	"github.com/cohort-dev/cohort/internal/agent"
+	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+)
+
+// agentCmd runs `cohort agent`: the built-in ACP agent on stdin/stdout. Logs
+// go to stderr, since stdout carries the protocol.
+func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	cfg := agent.Config{}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Model, "model", env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
+	fs.StringVar(&cfg.BaseURL, "base-url", env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
+	fs.StringVar(&cfg.WorkDir, "workdir", env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
+	fs.StringVar(&cfg.StateDir, "state-dir", env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
+	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", agent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
+	fs.IntVar(&cfg.MaxRetries, "model-retries", agent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
+	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
+	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")
+	logLevel := fs.String("log-level", env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("agent: unexpected argument %q", fs.Arg(0))
+	}
+	// The key is read from the environment only, never from a flag (which
+	// would show in the process list), and is never logged.
+	cfg.APIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(log)
+	cfg.Logger = log
+	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
+		"state_dir", cfg.StateDir, "sandbox", sandbox.Available(""))
+	err = agent.Serve(ctx, cfg, stdin, stdout)
+	if err == context.Canceled {
+		return nil
+	}
+	return err
+}
+
+// redactURL drops user information from a URL before it is logged.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable)"
+	}
+	if u.User != nil {
+		u.User = url.User("redacted")
+	}
+	return u.String()
+}

@@ -1,0 +1,335 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/param"
+	"github.com/openai/openai-go/v3/packages/respjson"
+	"github.com/openai/openai-go/v3/shared"
+)
+
+// Message is one entry of a session's conversation, in the shape of the
+// chat-completions API (roles system, user, assistant, tool).
+type Message struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is a complete function call the model asked for.
+type ToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// ToolSpec describes a tool offered to the model.
+type ToolSpec struct {
+	Name        string
+	Description string
+	Parameters  map[string]any
+}
+
+// ModelRequest is one model call.
+type ModelRequest struct {
+	Model    string
+	Messages []Message
+	Tools    []ToolSpec
+}
+
+// Delta is a streamed piece of a model's answer.
+type Delta struct {
+	// Model is the model id the upstream reported on this piece.
+	Model     string
+	Text      string
+	Reasoning string
+}
+
+// CallUsage is one model call's token usage, as the upstream reported it.
+type CallUsage struct {
+	PromptTokens     int64
+	CompletionTokens int64
+	TotalTokens      int64
+	// CachedTokens is set when the upstream reported
+	// prompt_tokens_details.cached_tokens.
+	CachedTokens *int64
+	// Cost (USD) is set when the upstream reported usage.cost.
+	Cost *float64
+}
+
+// ModelResponse is the outcome of one complete model call.
+type ModelResponse struct {
+	Model     string
+	Text      string
+	ToolCalls []ToolCall
+	// Usage is nil when the upstream reported none.
+	Usage *CallUsage
+}
+
+// Model is a chat model the agent loop drives. Complete streams the answer
+// through emit (which fails when the client is gone) and returns it whole.
+type Model interface {
+	Complete(ctx context.Context, req ModelRequest, emit func(Delta) error) (ModelResponse, error)
+}
+
+// UpstreamError is a model call that failed; Reason is the spec's reason the
+// daemon maps it to (turn_failed or timeout).
+type UpstreamError struct {
+	Reason  string
+	Message string
+}
+
+func (e *UpstreamError) Error() string { return e.Message }
+
+// OpenAIModel calls an OpenAI-compatible chat-completions endpoint with
+// streaming.
+type OpenAIModel struct {
+	client openai.Client
+	// idle bounds the wait for the response headers and for each chunk.
+	idle time.Duration
+	// key is redacted from every error message, in case an upstream echoes it.
+	key string
+}
+
+// OpenAIConfig configures an OpenAIModel.
+type OpenAIConfig struct {
+	BaseURL string
+	APIKey  string
+	// IdleTimeout bounds the wait for the first byte and between chunks.
+	IdleTimeout time.Duration
+	MaxRetries  int
+	HTTPClient  *http.Client
+}
+
+// NewOpenAIModel returns a Model over an OpenAI-compatible endpoint.
+func NewOpenAIModel(cfg OpenAIConfig) *OpenAIModel {
+	opts := []option.RequestOption{
+		option.WithAPIKey(cfg.APIKey),
+		option.WithMaxRetries(cfg.MaxRetries),
+		// The SDK would read OPENAI_* variables and add organization and
+		// project headers; we pass everything explicitly.
+		option.WithHeaderDel("OpenAI-Organization"),
+		option.WithHeaderDel("OpenAI-Project"),
+	}
+	if cfg.BaseURL != "" {
+		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
+	}
+	if cfg.HTTPClient != nil {
+		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
+	}
+	idle := cfg.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	return &OpenAIModel{client: openai.NewClient(opts...), idle: idle, key: cfg.APIKey}
+}
+
+// Complete implements Model.
+func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(Delta) error) (ModelResponse, error) {
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The idle timer cancels the call when the upstream goes quiet; it is
+	// reset on every chunk, so a long answer that keeps streaming is fine.
+	var idleMu sync.Mutex
+	idleFired := false
+	timer := time.AfterFunc(m.idle, func() {
+		idleMu.Lock()
+		idleFired = true
+		idleMu.Unlock()
+		cancel()
+	})
+	defer timer.Stop()
+	fired := func() bool { idleMu.Lock(); defer idleMu.Unlock(); return idleFired }
+
+	params := openai.ChatCompletionNewParams{
+		Model:         shared.ChatModel(req.Model),
+		Messages:      toOpenAIMessages(req.Messages),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: param.NewOpt(true)},
+	}
+	for _, t := range req.Tools {
+		params.Tools = append(params.Tools, openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name:        t.Name,
+			Description: param.NewOpt(t.Description),
+			Parameters:  shared.FunctionParameters(t.Parameters),
+		}))
+	}
+	stream := m.client.Chat.Completions.NewStreaming(callCtx, params)
+	defer stream.Close()
+
+	var resp ModelResponse
+	var text strings.Builder
+	type partial struct{ id, name, args strings.Builder }
+	var calls []*partial
+	finished := false
+	for stream.Next() {
+		timer.Reset(m.idle)
+		chunk := stream.Current()
+		if chunk.Model != "" {
+			resp.Model = chunk.Model
+		}
+		if chunk.JSON.Usage.Valid() {
+			resp.Usage = readUsage(chunk.Usage)
+		}
+		for _, choice := range chunk.Choices {
+			if choice.Index != 0 {
+				continue
+			}
+			if choice.FinishReason != "" {
+				finished = true
+			}
+			d := choice.Delta
+			out := Delta{Model: resp.Model, Text: d.Content, Reasoning: reasoningOf(d.JSON.ExtraFields)}
+			text.WriteString(d.Content)
+			if out.Text != "" || out.Reasoning != "" {
+				if err := emit(out); err != nil {
+					resp.Text = text.String()
+					return resp, err
+				}
+			}
+			for _, tc := range d.ToolCalls {
+				i := int(tc.Index)
+				if i < 0 || i > 64 {
+					continue
+				}
+				for len(calls) <= i {
+					calls = append(calls, &partial{})
+				}
+				// Ids and names arrive once; arguments arrive in pieces.
+				if tc.ID != "" && calls[i].id.Len() == 0 {
+					calls[i].id.WriteString(tc.ID)
+				}
+				if tc.Function.Name != "" && calls[i].name.Len() == 0 {
+					calls[i].name.WriteString(tc.Function.Name)
+				}
+				calls[i].args.WriteString(tc.Function.Arguments)
+			}
+		}
+	}
+	resp.Text = text.String()
+	if err := stream.Err(); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return resp, ctx.Err()
+		case fired():
+			return resp, &UpstreamError{Reason: "timeout", Message: fmt.Sprintf("model upstream timed out: nothing received for %s", m.idle)}
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return resp, &UpstreamError{Reason: "turn_failed", Message: "model upstream closed the stream before the answer finished: " + err.Error()}
+		}
+		return resp, &UpstreamError{Reason: "turn_failed", Message: m.redact(upstreamMessage(err))}
+	}
+	if !finished {
+		// The body ended without a finish_reason: the upstream hung up in the
+		// middle of the answer, and a partial answer must not pass for a
+		// complete one.
+		return resp, &UpstreamError{Reason: "turn_failed", Message: "model upstream closed the stream before the answer finished"}
+	}
+	for i, c := range calls {
+		id := c.id.String()
+		if id == "" {
+			id = fmt.Sprintf("call_%d", i)
+		}
+		resp.ToolCalls = append(resp.ToolCalls, ToolCall{ID: id, Name: c.name.String(), Arguments: c.args.String()})
+	}
+	return resp, nil
+}
+
+func (m *OpenAIModel) redact(s string) string {
+	if m.key != "" {
+		s = strings.ReplaceAll(s, m.key, "[redacted]")
+	}
+	return s
+}
+
+// upstreamMessage says what went wrong in words a client can act on,
+// bounded, without the request dump the SDK's error string carries.
+func upstreamMessage(err error) string {
+	var apiErr *openai.Error
+	if errors.As(err, &apiErr) {
+		msg := strings.TrimSpace(apiErr.Message)
+		if msg == "" {
+			msg = http.StatusText(apiErr.StatusCode)
+		}
+		return truncate(fmt.Sprintf("model upstream returned HTTP %d: %s", apiErr.StatusCode, msg), 300)
+	}
+	return truncate("model upstream failed: "+err.Error(), 300)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// reasoningOf reads the reasoning text that OpenAI-compatible servers put in
+// non-standard delta fields: `reasoning` (OpenRouter, vLLM) or
+// `reasoning_content` (DeepSeek, llama.cpp).
+func reasoningOf(extra map[string]respjson.Field) string {
+	for _, k := range []string{"reasoning", "reasoning_content"} {
+		f, ok := extra[k]
+		if !ok {
+			continue
+		}
+		var s string
+		if json.Unmarshal([]byte(f.Raw()), &s) == nil && s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+func readUsage(u openai.CompletionUsage) *CallUsage {
+	out := &CallUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	if u.JSON.PromptTokensDetails.Valid() && u.PromptTokensDetails.JSON.CachedTokens.Valid() {
+		c := u.PromptTokensDetails.CachedTokens
+		out.CachedTokens = &c
+	}
+	if f, ok := u.JSON.ExtraFields["cost"]; ok {
+		var c float64
+		if json.Unmarshal([]byte(f.Raw()), &c) == nil {
+			out.Cost = &c
+		}
+	}
+	return out
+}
+
+func toOpenAIMessages(msgs []Message) []openai.ChatCompletionMessageParamUnion {
+	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(msgs))
+	for _, m := range msgs {
+		switch m.Role {
+		case "system":
+			out = append(out, openai.SystemMessage(m.Content))
+		case "user":
+			out = append(out, openai.UserMessage(m.Content))
+		case "tool":
+			out = append(out, openai.ToolMessage(m.Content, m.ToolCallID))
+		case "assistant":
+			a := openai.ChatCompletionAssistantMessageParam{}
+			if m.Content != "" {
+				a.Content.OfString = param.NewOpt(m.Content)
+			}
+			for _, tc := range m.ToolCalls {
+				a.ToolCalls = append(a.ToolCalls, openai.ChatCompletionMessageToolCallUnionParam{
+					OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
+						ID:       tc.ID,
+						Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: tc.Name, Arguments: tc.Arguments},
+					},
+				})
+			}
+			out = append(out, openai.ChatCompletionMessageParamUnion{OfAssistant: &a})
+		}
+	}
+	return out
+}

@@ -1,0 +1,129 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+)
+
+// needBwrap skips loudly when bubblewrap is missing: the confined tests are
+// the point of this package.
+func needBwrap(t *testing.T) {
+	t.Helper()
+	if !sandbox.Available("") {
+		t.Skip("SKIPPING SANDBOX TEST: bwrap not installed (apt-get install -y bubblewrap)")
+	}
+}
+
+func TestConfined(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	outside := t.TempDir()
+	cases := []struct {
+		name    string
+		command string
+		want    string
+		exit    int
+	}{
+		{"work dir writable", "echo hi > f && cat f", "hi\n", 0},
+		{"root read-only", "touch " + filepath.Join(outside, "x") + " 2>/dev/null || echo refused", "refused\n", 0},
+		{"etc read-only", "touch /etc/cohort-sandbox-probe 2>/dev/null || echo refused", "refused\n", 0},
+		{"private tmp", "echo t > /tmp/probe && cat /tmp/probe", "t\n", 0},
+		{"only loopback", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo\n", 0},
+		{"own pid namespace", "echo $$", "2\n", 0},
+		{"exit status", "exit 3", "", 3},
+		{"cwd is work dir", "pwd", dir + "\n", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := sandbox.Run(context.Background(), sandbox.Spec{Command: c.command, Dir: dir, Confined: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Output != c.want || res.ExitCode != c.exit || !res.Confined {
+				t.Fatalf("got %q exit %d confined %v, want %q exit %d", res.Output, res.ExitCode, res.Confined, c.want, c.exit)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(outside, "x")); err == nil {
+		t.Fatal("confined command wrote outside its work directory")
+	}
+	if _, err := os.Stat("/tmp/probe"); err == nil {
+		t.Fatal("confined command wrote the host's /tmp")
+	}
+}
+
+func TestUnconfinedWritesAnywhere(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	res, err := sandbox.Run(context.Background(), sandbox.Spec{Command: "echo x > " + filepath.Join(outside, "x") + " && echo ok", Dir: dir})
+	if err != nil || res.Output != "ok\n" || res.Confined {
+		t.Fatalf("%+v %v", res, err)
+	}
+}
+
+func TestMissingBwrapFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	_, err := sandbox.Run(context.Background(), sandbox.Spec{Command: "touch " + marker, Dir: dir, Confined: true, Bwrap: "/nonexistent/bwrap"})
+	if err != sandbox.ErrUnavailable {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("command ran without its sandbox")
+	}
+}
+
+func TestOutputBound(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name      string
+		n         int
+		truncated bool
+	}{{"at bound", 1000, false}, {"past bound", 1001, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := sandbox.Run(context.Background(), sandbox.Spec{
+				Command: "head -c " + strconv.Itoa(c.n) + " /dev/zero | tr '\\0' a", Dir: dir, MaxOutput: 1000,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Output) != 1000 || res.TotalBytes != int64(c.n) || res.Truncated != c.truncated {
+				t.Fatalf("len %d total %d truncated %v", len(res.Output), res.TotalBytes, res.Truncated)
+			}
+		})
+	}
+}
+
+func TestTimeoutKillsProcessGroup(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	res, err := sandbox.Run(context.Background(), sandbox.Spec{Command: "sleep 30 & sleep 30; echo never", Dir: dir, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || strings.Contains(res.Output, "never") || time.Since(start) > 10*time.Second {
+		t.Fatalf("%+v after %v", res, time.Since(start))
+	}
+}
+
+func TestCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err := sandbox.Run(ctx, sandbox.Spec{Command: "sleep 30", Dir: t.TempDir()})
+	if err != context.Canceled {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestEnvironScrubsCredentials(t *testing.T) {
+	got := sandbox.Environ([]string{"PATH=/bin", "OPENAI_API_KEY=sk-1", "COHORT_AGENT_API_KEY=sk-2", "GITHUB_TOKEN=t", "DB_PASSWORD=p", "HOME=/root", "COHORT_AGENT_MODEL=m"})
+	if strings.Join(got, ",") != "PATH=/bin,HOME=/root" {
+		t.Fatalf("got %v", got)
+	}
+}

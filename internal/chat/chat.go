@@ -1,0 +1,306 @@
+// Package chat is the chat orchestration behind both chat doors: it checks
+// the request and the caller, asks the intern's daemon to start a turn or to
+// take an answer, waits for the daemon's first event (or its refusal), and
+// then relays the daemon's run events as typed chat chunks. The Connect door
+// sends the chunks as they are; the REST door hands them to internal/sse.
+//
+// The gateway keeps no run state: a paused run lives on the daemon, so any
+// replica can take the reply that resumes it.
+package chat
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// Defaults of the Service's budgets.
+const (
+	// DefaultFirstEventTimeout is the request budget: how long the daemon
+	// may take to send its first event (or refuse) before the caller gets
+	// 504 timeout.
+	DefaultFirstEventTimeout = 30 * time.Second
+	// DefaultEventTimeout is how long an open stream may stay without any
+	// daemon event before the service ends it with a timeout error chunk.
+	// It is long because an agent may run a slow tool without a word.
+	DefaultEventTimeout = 10 * time.Minute
+)
+
+// ServiceModel is the chunk model of chunks whose event carries none.
+const ServiceModel = "service/intern"
+
+// Daemons gives an authenticated client for an intern's daemon. The
+// provisioner implements it. An error that is not an *apierr.Error is
+// reported to the caller as 502 intern_unreachable.
+type Daemons interface {
+	Client(ctx context.Context, in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
+}
+
+// Limiter decides whether one more turn may start for a key (a user or an
+// organization). Allow reports false when the turn is over the limit.
+type Limiter interface {
+	Allow(ctx context.Context, key string) (bool, error)
+}
+
+// Service is the chat orchestration.
+type Service struct {
+	Interns *interns.Service
+	Daemons Daemons
+	Limiter Limiter
+	// FirstEventTimeout and EventTimeout override the defaults when > 0.
+	FirstEventTimeout time.Duration
+	EventTimeout      time.Duration
+	// Now and NewID make streams reproducible in tests; nil uses the clock
+	// and random "chatcmpl-" ids.
+	Now   func() time.Time
+	NewID func() string
+}
+
+func (s *Service) firstEventTimeout() time.Duration {
+	if s.FirstEventTimeout > 0 {
+		return s.FirstEventTimeout
+	}
+	return DefaultFirstEventTimeout
+}
+
+func (s *Service) eventTimeout() time.Duration {
+	if s.EventTimeout > 0 {
+		return s.EventTimeout
+	}
+	return DefaultEventTimeout
+}
+
+func (s *Service) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Service) newID() string {
+	if s.NewID != nil {
+		return s.NewID()
+	}
+	var b [18]byte
+	rand.Read(b[:])
+	return "chatcmpl-" + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// ErrDeparted is the 403 (without a reason) for a key whose creator left the
+// organization and holds no grant.
+var ErrDeparted = apierr.Forbidden("the creator of this key has left the organization")
+
+// Admit runs the caller checks that come before the body is even read:
+// authentication happened, the interns programme (plain 404) and the
+// departed creator (plain 403). Callers outside the programme must not learn
+// anything about the route, not even that their body was malformed.
+func (s *Service) Admit(p *auth.Principal) error {
+	if err := interns.CheckProgramme(p); err != nil {
+		return err
+	}
+	if p.Departed() {
+		return ErrDeparted
+	}
+	return nil
+}
+
+// RateKey is the limiter key of a principal: the user for a personal key
+// (it acts as that user), else the organization the key acts for.
+func RateKey(p *auth.Principal) string {
+	if p.KeyKind == store.KeyPersonal && p.UserID != "" {
+		return "user:" + p.UserID
+	}
+	return "org:" + p.OrganizationID
+}
+
+// Open checks the request and the caller, starts the turn (or delivers the
+// answer) on the intern's daemon and waits for its first event. A refusal
+// at any point before that event is returned as an *apierr.Error and
+// nothing has been sent; otherwise the returned Stream yields the chunks,
+// starting with the role chunk. The daemon call lives as long as ctx: when
+// the caller goes away, the daemon sees its call cancelled.
+func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest) (*Stream, error) {
+	if err := s.Admit(p); err != nil {
+		return nil, err
+	}
+	t, err := validate(req)
+	if err != nil {
+		return nil, err
+	}
+	in, err := s.Interns.Load(ctx, p, req.GetInternId())
+	if err != nil {
+		return nil, err
+	}
+	if in.State != store.InternRunning {
+		return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
+	}
+	if t.answer == nil && s.Limiter != nil {
+		ok, err := s.Limiter.Allow(ctx, RateKey(p))
+		if err != nil {
+			return nil, apierr.Internal(err)
+		}
+		if !ok {
+			return nil, apierr.New(http.StatusTooManyRequests, "rate_limited", "too many turns; retry later")
+		}
+	}
+	if s.Daemons == nil {
+		return nil, errUnreachable.WithCause(errors.New("no daemon provisioner configured"))
+	}
+
+	dctx, cancel := context.WithCancel(ctx)
+	st := &Stream{
+		svc:     s,
+		ctx:     ctx,
+		cancel:  cancel,
+		id:      s.newID(),
+		created: s.now().Unix(),
+	}
+	// The request budget covers reaching the daemon, its answer and its
+	// first event. When it passes, the daemon call is cancelled and the
+	// caller gets 504 timeout.
+	st.arm(s.firstEventTimeout())
+	opened := false
+	defer func() {
+		if !opened {
+			st.Close()
+			st.release()
+		}
+	}()
+
+	client, err := s.Daemons.Client(dctx, in)
+	if err != nil {
+		return nil, st.refusal(err)
+	}
+	if t.answer != nil {
+		sid := t.sessionID
+		st.session = &sid
+		res, err := client.Answer(dctx, connect.NewRequest(t.answer))
+		if err != nil {
+			return nil, st.refusal(err)
+		}
+		st.recv, st.closeDaemon = receiver(res), res.Close
+	} else {
+		res, err := client.StartTurn(dctx, connect.NewRequest(t.start))
+		if err != nil {
+			return nil, st.refusal(err)
+		}
+		st.recv, st.closeDaemon = receiver(res), res.Close
+	}
+	ev, err := st.recv()
+	if err != nil {
+		return nil, st.refusal(err)
+	}
+	if ev == nil {
+		return nil, apierr.New(http.StatusBadGateway, "stream_severed", "the intern's stream ended before the turn started")
+	}
+	// A run that fails before any output is a refusal: the caller still gets
+	// a plain JSON error with the status the daemon gave.
+	if f := ev.GetFinished(); f != nil && f.GetReason() == interndv1.Finished_REASON_ERROR {
+		return nil, finishedError(f)
+	}
+	st.arm(s.eventTimeout())
+	st.translate(ev)
+	opened = true
+	return st, nil
+}
+
+// responseStream is what StartTurn and Answer streams have in common.
+type responseStream[T any] interface {
+	Receive() bool
+	Msg() *T
+	Err() error
+}
+
+type eventHolder interface{ GetEvent() *interndv1.RunEvent }
+
+// receiver turns a daemon stream into a function returning the next event,
+// (nil, nil) at a clean end, or the stream's error.
+func receiver[T any, PT interface {
+	*T
+	eventHolder
+}](res responseStream[T]) func() (*interndv1.RunEvent, error) {
+	return func() (*interndv1.RunEvent, error) {
+		for res.Receive() {
+			if ev := PT(res.Msg()).GetEvent(); ev != nil {
+				return ev, nil
+			}
+		}
+		return nil, res.Err()
+	}
+}
+
+var (
+	errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+	errRejected    = apierr.New(http.StatusBadGateway, "intern_rejected", "the intern rejected the request")
+	errTimeout     = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern did not answer within the request budget")
+	errSilent      = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern sent nothing for longer than the stream allows")
+	errSevered     = apierr.New(http.StatusBadGateway, "stream_severed", "the connection to the intern broke before the run ended")
+	// errClientClosed is what a caller who hung up is logged with (499).
+	errClientClosed = apierr.New(499, "client_closed_request", "the caller closed the request")
+)
+
+// daemonError maps a failure of a daemon call to the caller's error. A
+// Connect error carrying our ErrorDetail keeps the daemon's status and
+// reason; a transport failure means the daemon could not be reached; any
+// other refusal by the daemon is intern_rejected.
+func daemonError(err error) *apierr.Error {
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return errUnreachable.WithCause(err)
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if _, ok := v.(*cohortv1.ErrorDetail); ok {
+				return apierr.FromConnect(err)
+			}
+		}
+	}
+	switch ce.Code() {
+	case connect.CodeUnavailable, connect.CodeCanceled:
+		return errUnreachable.WithCause(err)
+	case connect.CodeDeadlineExceeded:
+		return errTimeout.WithCause(err)
+	default:
+		return errRejected.WithCause(err)
+	}
+}
+
+// finishedError is the error a Finished{ERROR|ENDED} event stands for.
+func finishedError(f *interndv1.Finished) *apierr.Error {
+	code, reason, msg := int(f.GetCode()), f.GetErrorReason(), f.GetMessage()
+	if f.GetReason() == interndv1.Finished_REASON_ENDED {
+		// The daemon's protocol: an ended run is always reported as
+		// run_ended 410, whatever the daemon put in code and reason.
+		code, reason = http.StatusGone, "run_ended"
+		if msg == "" {
+			msg = "the intern ended the run"
+		}
+	}
+	if code == 0 {
+		code = http.StatusBadGateway
+	}
+	if reason == "" {
+		reason = "turn_failed"
+	}
+	if msg == "" {
+		msg = "the intern's turn failed"
+	}
+	return apierr.New(code, reason, "%s", msg)
+}

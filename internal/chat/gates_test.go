@@ -1,0 +1,298 @@
+package chat_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+	"github.com/uptrace/bun"
+
+	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+func exec(t *testing.T, db *bun.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), q, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGates(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		e := newEnv(t, db)
+		e.d.set(okScript, okScript)
+		ok := userBody("hi")
+
+		t.Run("401 without metadata", func(t *testing.T) {
+			for _, key := range []string{"", "sk-not-a-key", e.WorkspaceKey + "x"} {
+				status, body, _ := e.post(t, key, e.InternID, ok)
+				wantRefusal(t, status, body, 401, "")
+			}
+			// Authentication comes before the body is read.
+			status, body, _ := e.post(t, "", e.InternID, padded(t, 1<<20+1))
+			wantRefusal(t, status, body, 401, "")
+		})
+		t.Run("404 not_found for an intern the key cannot see", func(t *testing.T) {
+			for _, id := range []string{uuid.NewString(), "not-a-uuid"} {
+				status, body, _ := e.post(t, e.WorkspaceKey, id, ok)
+				wantRefusal(t, status, body, 404, "not_found")
+			}
+			// An intern of another workspace is not found either.
+			other := e.NewKey(t, store.KeyWorkspace, newWorkspace(t, e))
+			status, body, _ := e.post(t, other, e.InternID, ok)
+			wantRefusal(t, status, body, 404, "not_found")
+		})
+		t.Run("409 intern_not_ready", func(t *testing.T) {
+			for _, st := range []string{store.InternProvisioning, store.InternSuspended} {
+				e.setState(t, st)
+				status, body, _ := e.chat(t, ok)
+				wantRefusal(t, status, body, 409, "intern_not_ready")
+			}
+			e.setState(t, store.InternDeleted)
+			status, body, _ := e.chat(t, ok)
+			wantRefusal(t, status, body, 404, "not_found")
+			e.setState(t, store.InternRunning)
+		})
+		t.Run("403 departed creator without metadata, allowed with a grant", func(t *testing.T) {
+			exec(t, db, "UPDATE memberships SET left_at = ? WHERE user_id = ?", time.Now().UTC(), e.AdminUserID)
+			status, body, _ := e.chat(t, ok)
+			wantRefusal(t, status, body, 403, "")
+			// The 403 comes before the body is looked at.
+			status, body, _ = e.chat(t, `{"stream":false}`)
+			wantRefusal(t, status, body, 403, "")
+			exec(t, db, "INSERT INTO grants (id, organization_id, user_id, created_at) VALUES (?, ?, ?, ?)",
+				uuid.NewString(), e.OrganizationID, e.AdminUserID, time.Now().UTC())
+			if status, body, _ := e.chat(t, ok); status != 200 {
+				t.Fatalf("with a grant: %d %s", status, body)
+			}
+			exec(t, db, "DELETE FROM grants WHERE user_id = ?", e.AdminUserID)
+			exec(t, db, "UPDATE memberships SET left_at = NULL WHERE user_id = ?", e.AdminUserID)
+		})
+		t.Run("404 without metadata outside the programme", func(t *testing.T) {
+			exec(t, db, "UPDATE organizations SET interns_programme = ? WHERE id = ?", false, e.OrganizationID)
+			defer exec(t, db, "UPDATE organizations SET interns_programme = ? WHERE id = ?", true, e.OrganizationID)
+			n := e.d.ncalls()
+			for _, body := range []string{ok, `{"stream":false}`, padded(t, 1<<20+1)} {
+				status, b, _ := e.chat(t, body)
+				eb := wantRefusal(t, status, b, 404, "")
+				if eb.Error.Message != "not found" {
+					t.Errorf("message %q reveals more than not found", eb.Error.Message)
+				}
+			}
+			status, b, _ := e.post(t, e.WorkspaceKey, uuid.NewString(), ok)
+			wantRefusal(t, status, b, 404, "")
+			if e.d.ncalls() != n {
+				t.Error("the daemon was called")
+			}
+		})
+		t.Run("secrets stay out of responses and logs", func(t *testing.T) {
+			status, body, _ := e.post(t, e.WorkspaceKey+"x", e.InternID, ok)
+			if status != 401 || strings.Contains(body, e.WorkspaceKey) || strings.Contains(e.Logs(), e.WorkspaceKey) {
+				t.Errorf("key echoed: %s", body)
+			}
+		})
+	})
+}
+
+func newWorkspace(t *testing.T, e *env) string {
+	t.Helper()
+	ws := &store.Workspace{ID: uuid.NewString(), OrganizationID: e.OrganizationID, Name: "other", Slug: "other-" + uuid.NewString()[:8],
+		CreatedAt: time.Now().UTC(), CreatedBy: e.AdminUserID}
+	if _, err := e.DB.NewInsert().Model(ws).Exec(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return ws.ID
+}
+
+func TestTurnRate(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		e := newEnv(t, db, func(s *server.Server) { s.Chat.Limiter = chat.NewMemoryLimiter(2, time.Hour) })
+		e.d.set(okScript, okScript)
+		for i := range 2 {
+			if status, body, _ := e.chat(t, userBody("hi")); status != 200 {
+				t.Fatalf("turn %d: %d %s", i, status, body)
+			}
+		}
+		n := e.d.ncalls()
+		status, body, _ := e.chat(t, userBody("hi"))
+		wantRefusal(t, status, body, 429, "rate_limited")
+		if e.d.ncalls() != n {
+			t.Error("the daemon was called past the limit")
+		}
+		// Another key of the same organization shares the organization's
+		// budget; answers to a pause continue a turn and are not limited.
+		other := e.NewKey(t, store.KeyWorkspace, e.WorkspaceID)
+		status, body, _ = e.post(t, other, e.InternID, userBody("hi"))
+		wantRefusal(t, status, body, 429, "rate_limited")
+		if status, body, _ := e.chat(t, toolBody("sess-1", "int-1", "allow_once")); status != 200 {
+			t.Errorf("answer past the turn limit: %d %s", status, body)
+		}
+	})
+}
+
+func TestRateKey(t *testing.T) {
+	org := &auth.Principal{OrganizationID: "o1", UserID: "u1", KeyKind: store.KeyWorkspace}
+	personal := &auth.Principal{OrganizationID: "o1", UserID: "u1", KeyKind: store.KeyPersonal}
+	if chat.RateKey(org) != "org:o1" || chat.RateKey(personal) != "user:u1" {
+		t.Errorf("%s %s", chat.RateKey(org), chat.RateKey(personal))
+	}
+}
+
+func TestMemoryLimiterRefills(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := chat.NewMemoryLimiter(2, time.Minute)
+	l.Now = func() time.Time { return now }
+	allow := func() bool { ok, _ := l.Allow(context.Background(), "k"); return ok }
+	if !allow() || !allow() || allow() {
+		t.Fatal("burst of 2 not enforced")
+	}
+	now = now.Add(29 * time.Second)
+	if allow() {
+		t.Error("refilled too early")
+	}
+	now = now.Add(2 * time.Second)
+	if !allow() || allow() {
+		t.Error("one token after half the period")
+	}
+	if ok, _ := l.Allow(context.Background(), "other"); !ok {
+		t.Error("keys share a bucket")
+	}
+}
+
+// TestDaemonRefusals covers every refusal the daemon can cause before the
+// stream opens: the spec's status, reason and body, nothing streamed.
+func TestDaemonRefusals(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		e := newEnv(t, db, func(s *server.Server) { s.Chat.FirstEventTimeout = 300 * time.Millisecond })
+		prompt, answer := userBody("hi"), toolBody("sess-1", "int-1", "allow_once")
+		wait := func(ctx context.Context, send func(*interndv1.RunEvent) error) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		cases := []struct {
+			name   string
+			sc     script
+			body   string
+			status int
+			reason string
+		}{
+			{"busy turn in session", events(refuse(409, "busy")), prompt, 409, "busy"},
+			{"busy too many paused runs", events(refuse(503, "busy")), prompt, 503, "busy"},
+			{"turn_failed", events(refuse(502, "turn_failed")), prompt, 502, "turn_failed"},
+			{"turn_failed as first event", events(nil, finishedEv("", &interndv1.Finished{Reason: interndv1.Finished_REASON_ERROR, Code: 502, ErrorReason: "turn_failed", Message: "agent refused"})), prompt, 502, "turn_failed"},
+			{"intern_rejected", events(refuse(502, "intern_rejected")), prompt, 502, "intern_rejected"},
+			{"intern_rejected without detail", events(connect.NewError(connect.CodePermissionDenied, errors.New("bad daemon secret"))), prompt, 502, "intern_rejected"},
+			{"timeout from the daemon", events(refuse(504, "timeout")), prompt, 504, "timeout"},
+			{"timeout of the request budget", wait, prompt, 504, "timeout"},
+			{"stream_severed", events(nil), prompt, 502, "stream_severed"},
+			{"bad_request answer", events(refuse(400, "bad_request")), answer, 400, "bad_request"},
+			{"interaction_unknown", events(refuse(404, "interaction_unknown")), answer, 404, "interaction_unknown"},
+			{"interaction_not_pending", events(refuse(409, "interaction_not_pending")), answer, 409, "interaction_not_pending"},
+			{"attachment_failed attached", events(refuse(409, "attachment_failed")), answer, 409, "attachment_failed"},
+			{"attachment_failed dropped", events(refuse(410, "attachment_failed")), answer, 410, "attachment_failed"},
+			{"busy answer", events(refuse(409, "busy")), answer, 409, "busy"},
+			{"timeout of an answer", wait, answer, 504, "timeout"},
+		}
+		for _, c := range cases {
+			e.d.set(c.sc, c.sc)
+			status, body, _ := e.chat(t, c.body)
+			t.Logf("%s: %s", c.name, body)
+			wantRefusal(t, status, body, c.status, c.reason)
+			if c.reason == "timeout" && c.status == 504 && c.sc != nil {
+				// The daemon call ends; for the budget, by cancellation.
+				if err := e.d.waitEnded(t); c.name != "timeout from the daemon" && err == nil {
+					t.Errorf("%s: the daemon call was not cancelled", c.name)
+				}
+			} else {
+				e.d.waitEnded(t)
+			}
+		}
+	})
+}
+
+func TestUnreachable(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		t.Run("provisioner error", func(t *testing.T) {
+			e := newEnv(t, db, func(s *server.Server) { s.Chat.Daemons = daemons{err: errors.New("no address")} })
+			status, body, _ := e.chat(t, userBody("hi"))
+			eb := wantRefusal(t, status, body, 502, "intern_unreachable")
+			if strings.Contains(eb.Error.Message, "no address") {
+				t.Error("internal cause shown to the client")
+			}
+		})
+	})
+	t.Run("daemon down", func(t *testing.T) {
+		db := storetest.SQLite(t)
+		e := newEnv(t, db)
+		e.d.srv.Close()
+		status, body, _ := e.chat(t, userBody("hi"))
+		wantRefusal(t, status, body, 502, "intern_unreachable")
+		status, body, _ = e.chat(t, toolBody("s", "i", "allow_once"))
+		wantRefusal(t, status, body, 502, "intern_unreachable")
+	})
+	t.Run("no provisioner", func(t *testing.T) {
+		db := storetest.SQLite(t)
+		e := newEnv(t, db, func(s *server.Server) { s.Chat.Daemons = nil })
+		status, body, _ := e.chat(t, userBody("hi"))
+		wantRefusal(t, status, body, 502, "intern_unreachable")
+	})
+}
+
+// tokens stands in for the federation package's verifier: it accepts one
+// access token and names the key it acts as.
+type tokens struct{ token, keyID string }
+
+func (v tokens) VerifyAccessToken(_ context.Context, tok string) (string, error) {
+	if tok != v.token {
+		return "", apierr.Unauthenticated("invalid access token")
+	}
+	return v.keyID, nil
+}
+
+// TestAccessTokenActsAsKey: a federation access token authenticates the
+// chat route as the workspace key it targets, shares that organization's
+// turn budget, and stops working when the key is disabled.
+func TestAccessTokenActsAsKey(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		const tok = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3b3JrbG9hZCJ9.c2ln"
+		var keyID string
+		e := newEnv(t, db, func(s *server.Server) {
+			s.Auth.Tokens = &lazyTokens{token: tok, keyID: &keyID}
+			s.Chat.Limiter = chat.NewMemoryLimiter(2, time.Hour)
+		})
+		if err := db.NewSelect().Model((*store.APIKey)(nil)).Column("id").Where("kind = ?", store.KeyWorkspace).Limit(1).Scan(context.Background(), &keyID); err != nil {
+			t.Fatal(err)
+		}
+		e.d.set(okScript, okScript)
+		if status, body, _ := e.post(t, tok, e.InternID, userBody("hi")); status != 200 {
+			t.Fatalf("%d %s", status, body)
+		}
+		if status, _, _ := e.chat(t, userBody("hi")); status != 200 {
+			t.Fatal(status)
+		}
+		status, body, _ := e.post(t, tok, e.InternID, userBody("hi"))
+		wantRefusal(t, status, body, 429, "rate_limited")
+		exec(t, db, "UPDATE api_keys SET disabled_at = ? WHERE id = ?", time.Now().UTC(), keyID)
+		status, body, _ = e.post(t, tok, e.InternID, userBody("hi"))
+		wantRefusal(t, status, body, 401, "")
+	})
+}
+
+type lazyTokens struct {
+	token string
+	keyID *string
+}
+
+func (v *lazyTokens) VerifyAccessToken(ctx context.Context, tok string) (string, error) {
+	return tokens{v.token, *v.keyID}.VerifyAccessToken(ctx, tok)
+}

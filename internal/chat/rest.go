@@ -1,0 +1,279 @@
+package chat
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/sse"
+)
+
+// REST is the OpenAI-compatible door:
+// POST /api/v1/interns/{internId}/chat/completions, JSON in, SSE out.
+type REST struct {
+	S    *Service
+	Auth *auth.Authenticator
+	// SSE tunes the stream (keepalive interval, write deadline).
+	SSE sse.Options
+}
+
+// Completions handles the chat route. Every refusal before the daemon's
+// first event is the spec's JSON error body (with metadata.reason except for
+// 401, the departed-creator 403 and the programme 404); after it, the
+// response is a 200 event stream.
+func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	p, err := h.Auth.Bearer(ctx, r.Header.Get("Authorization"))
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	if err := h.S.Admit(p); err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	req, err := DecodeRequest(body)
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	req.InternId = r.PathValue("internId")
+	st, err := h.S.Open(ctx, p, req)
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	// Closing after Serve returns is what cancels the run of a caller who
+	// hung up; after the final chunk the daemon call is already over.
+	defer st.Close()
+	if err := sse.Serve(w, r, st, h.SSE); err != nil {
+		httpx.LoggerFrom(ctx).InfoContext(ctx, "chat stream stopped early", "reason", "client_closed_request", "err", err)
+	}
+}
+
+// DecodeRequest parses the JSON body of the REST door into the typed
+// request. Unlike the workspace route, unknown fields are ignored (the spec
+// accepts any other OpenAI field); a known field of the wrong type, a
+// missing required field and `stream` not true are 400 bad_request naming
+// the field.
+func DecodeRequest(body []byte) (*cohortv1.StreamChatCompletionRequest, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, apierr.BadRequest("request body is empty: want a JSON object")
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, apierr.BadRequest("request body must be a JSON object")
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, apierr.BadRequest("malformed JSON at byte %d", se.Offset)
+		}
+		return nil, apierr.BadRequest("malformed JSON")
+	}
+	req := &cohortv1.StreamChatCompletionRequest{}
+
+	var stream *bool
+	if err := field(top, "stream", "a boolean", &stream); err != nil {
+		return nil, err
+	}
+	if stream == nil || !*stream {
+		return nil, apierr.BadRequest("stream must be true: this endpoint only streams")
+	}
+	var mode *string
+	if err := field(top, "approval_mode", "a string", &mode); err != nil {
+		return nil, err
+	}
+	if mode != nil {
+		if *mode == "" {
+			// An explicit empty string is not the omitted default.
+			return nil, apierr.BadRequest("approval_mode must be %q or %q", ModeManual, ModeSelfDrive)
+		}
+		req.ApprovalMode = *mode
+	}
+	if err := field(top, "model", "a string", &req.Model); err != nil {
+		return nil, err
+	}
+	if err := field(top, "session_id", "a string", &req.SessionId); err != nil {
+		return nil, err
+	}
+
+	var msgs []json.RawMessage
+	if err := field(top, "messages", "an array", &msgs); err != nil {
+		return nil, err
+	}
+	if msgs == nil {
+		return nil, apierr.BadRequest("messages is required")
+	}
+	for i, raw := range msgs {
+		m, err := decodeMessage(i, raw)
+		if err != nil {
+			return nil, err
+		}
+		req.Messages = append(req.Messages, m)
+	}
+	return req, nil
+}
+
+// field decodes top[name] into dst (a pointer to a pointer or slice); an
+// absent field and a JSON null leave dst unset.
+func field(top map[string]json.RawMessage, name, want string, dst any) error {
+	raw, ok := top[name]
+	if !ok || string(raw) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return apierr.BadRequest("field %q must be %s", name, want)
+	}
+	return nil
+}
+
+// contentRequired are the roles whose content key must be present (it may
+// still be null).
+var contentRequired = map[string]bool{"system": true, "developer": true, "user": true, "tool": true}
+
+func decodeMessage(i int, raw json.RawMessage) (*cohortv1.ChatMessage, error) {
+	name := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return nil, apierr.BadRequest("messages[%d] must be an object", i)
+	}
+	m := &cohortv1.ChatMessage{}
+	var role *string
+	if err := field(obj, "role", "a string", &role); err != nil {
+		return nil, apierr.BadRequest("field %q must be a string", name("role"))
+	}
+	if role == nil {
+		return nil, apierr.BadRequest("%s is required", name("role"))
+	}
+	m.Role = *role
+
+	rawContent, has := obj["content"]
+	if !has && contentRequired[m.Role] {
+		return nil, apierr.BadRequest("%s is required", name("content"))
+	}
+	if has {
+		c, err := decodeContent(name("content"), rawContent)
+		if err != nil {
+			return nil, err
+		}
+		m.Content = c
+	}
+	if m.Role == "tool" {
+		var id *string
+		if err := field(obj, "tool_call_id", "a string", &id); err != nil {
+			return nil, apierr.BadRequest("field %q must be a string", name("tool_call_id"))
+		}
+		if id == nil {
+			return nil, apierr.BadRequest("%s is required", name("tool_call_id"))
+		}
+		m.ToolCallId = *id
+	}
+	if m.Role == "assistant" {
+		var calls []json.RawMessage
+		if err := field(obj, "tool_calls", "an array", &calls); err != nil {
+			return nil, apierr.BadRequest("field %q must be an array", name("tool_calls"))
+		}
+		for j, rc := range calls {
+			tc, err := decodeToolCall(fmt.Sprintf("messages[%d].tool_calls[%d]", i, j), rc)
+			if err != nil {
+				return nil, err
+			}
+			m.ToolCalls = append(m.ToolCalls, tc)
+		}
+	}
+	return m, nil
+}
+
+// decodeContent accepts a string, an array of text parts (joined without a
+// separator: the parts are pieces of one message) or null.
+func decodeContent(name string, raw json.RawMessage) (*string, error) {
+	if string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return &s, nil
+	}
+	var parts []json.RawMessage
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return nil, apierr.BadRequest("%s must be a string, an array of text parts or null", name)
+	}
+	var b strings.Builder
+	for j, rp := range parts {
+		var part struct {
+			Type *string `json:"type"`
+			Text *string `json:"text"`
+		}
+		if err := json.Unmarshal(rp, &part); err != nil {
+			return nil, apierr.BadRequest("%s[%d] must be an object {\"type\":\"text\",\"text\":string}", name, j)
+		}
+		if part.Type == nil || *part.Type != "text" {
+			return nil, apierr.BadRequest("%s[%d].type must be \"text\"", name, j)
+		}
+		if part.Text == nil {
+			return nil, apierr.BadRequest("%s[%d].text is required", name, j)
+		}
+		b.WriteString(*part.Text)
+	}
+	s = b.String()
+	return &s, nil
+}
+
+func decodeToolCall(name string, raw json.RawMessage) (*cohortv1.ToolCall, error) {
+	var tc struct {
+		ID       *string `json:"id"`
+		Type     *string `json:"type"`
+		Function *struct {
+			Name      *string `json:"name"`
+			Arguments *string `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &tc); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return nil, apierr.BadRequest("field %q must be %s", name+"."+te.Field, jsonKind(te.Type.Kind().String()))
+		}
+		return nil, apierr.BadRequest("%s must be an object", name)
+	}
+	if tc.ID == nil {
+		return nil, apierr.BadRequest("%s.id is required", name)
+	}
+	out := &cohortv1.ToolCall{Id: *tc.ID, Type: "function", Function: &cohortv1.FunctionCall{}}
+	if tc.Type != nil {
+		out.Type = *tc.Type
+	}
+	if tc.Function != nil {
+		if tc.Function.Name != nil {
+			out.Function.Name = *tc.Function.Name
+		}
+		if tc.Function.Arguments != nil {
+			out.Function.Arguments = *tc.Function.Arguments
+		}
+	}
+	return out, nil
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string", "ptr":
+		return "a string"
+	case "struct":
+		return "an object"
+	default:
+		return "of another type"
+	}
+}

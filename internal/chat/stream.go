@@ -1,0 +1,304 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+)
+
+// Wire constants of the chunks.
+const (
+	chunkObject = "chat.completion.chunk"
+	roleAsst    = "assistant"
+	toolName    = "service.provide_input"
+	// drainTimeout bounds the wait for the daemon to close its stream after
+	// the last event it must send.
+	drainTimeout = 5 * time.Second
+)
+
+// Stream is one open response: it pulls daemon events and yields chunks.
+// Next must be called from one goroutine; Close may be called from any.
+type Stream struct {
+	svc     *Service
+	ctx     context.Context // the caller's
+	cancel  context.CancelFunc
+	id      string
+	created int64
+
+	recv        func() (*interndv1.RunEvent, error)
+	closeDaemon func() error
+
+	timer    *time.Timer
+	timeout  time.Duration
+	timedOut atomic.Bool
+
+	session  *string
+	usage    *cohortv1.ChatUsage
+	roleSent bool
+	queue    []*cohortv1.ChatCompletionChunk
+	done     bool
+	closed   bool
+}
+
+// ID is the completion id every chunk of the response carries.
+func (s *Stream) ID() string { return s.id }
+
+// arm (re)starts the budget after which the daemon call is cancelled and
+// the stream ends with a timeout.
+func (s *Stream) arm(d time.Duration) {
+	s.timeout = d
+	if s.timer == nil {
+		s.timer = time.AfterFunc(d, func() {
+			s.timedOut.Store(true)
+			s.cancel()
+		})
+		return
+	}
+	s.timer.Reset(d)
+}
+
+// Close cancels the daemon call if it is still running. A caller that goes
+// away mid-run thereby cancels the run; after the stream ended (including a
+// pause) the daemon call is already complete and nothing changes.
+func (s *Stream) Close() {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.cancel()
+}
+
+// release ends the daemon call from the goroutine that reads it.
+func (s *Stream) release() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if s.closeDaemon != nil {
+		_ = s.closeDaemon()
+	}
+}
+
+// refusal maps a failure before the first event.
+func (s *Stream) refusal(err error) *apierr.Error {
+	switch {
+	case s.ctx.Err() != nil:
+		return errClientClosed.WithCause(err)
+	case s.timedOut.Load():
+		return errTimeout.WithCause(err)
+	default:
+		return daemonError(err)
+	}
+}
+
+// Next returns the next chunk, io.EOF after the final chunk, or the
+// caller's context error when the caller went away (then no final chunk
+// exists: there is nobody to deliver it to).
+func (s *Stream) Next() (*cohortv1.ChatCompletionChunk, error) {
+	for len(s.queue) == 0 {
+		if s.done {
+			s.release()
+			return nil, io.EOF
+		}
+		ev, err := s.recv()
+		if ev != nil {
+			s.timer.Reset(s.timeout)
+			s.translate(ev)
+			continue
+		}
+		if s.ctx.Err() != nil {
+			s.done = true
+			s.release()
+			return nil, context.Cause(s.ctx)
+		}
+		s.fail(s.midStreamError(err), ServiceModel)
+	}
+	c := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	return c, nil
+}
+
+// midStreamError is what the caller is told when the daemon stream stops
+// without a Finished event.
+func (s *Stream) midStreamError(err error) *apierr.Error {
+	if s.timedOut.Load() {
+		return errSilent.WithCause(err)
+	}
+	if err == nil {
+		return errSevered.WithCause(errors.New("daemon stream ended without a Finished event"))
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		// A refusal the daemon states with our detail is relayed as it is;
+		// anything else is a broken connection.
+		if e := daemonError(err); e.Reason != errUnreachable.Reason && e.Reason != errRejected.Reason && e.Reason != errTimeout.Reason {
+			return e
+		}
+	}
+	return errSevered.WithCause(err)
+}
+
+func modelOf(ev *interndv1.RunEvent) string {
+	if m := ev.GetModel(); m != "" {
+		return m
+	}
+	return ServiceModel
+}
+
+func (s *Stream) chunk(model string, choices ...*cohortv1.ChatChoice) *cohortv1.ChatCompletionChunk {
+	return &cohortv1.ChatCompletionChunk{Id: s.id, Object: chunkObject, Created: s.created, Model: model, Choices: choices}
+}
+
+func (s *Stream) push(c *cohortv1.ChatCompletionChunk) { s.queue = append(s.queue, c) }
+
+// role makes sure the role chunk comes first.
+func (s *Stream) role(model string) {
+	if s.roleSent {
+		return
+	}
+	s.roleSent = true
+	r := roleAsst
+	s.push(s.chunk(model, &cohortv1.ChatChoice{Delta: &cohortv1.ChatDelta{Role: &r}}))
+}
+
+func (s *Stream) delta(model string, d *cohortv1.ChatDelta) {
+	s.role(model)
+	s.push(s.chunk(model, &cohortv1.ChatChoice{Delta: d}))
+}
+
+func (s *Stream) finish(model, reason string) {
+	s.role(model)
+	s.push(s.chunk(model, &cohortv1.ChatChoice{FinishReason: &reason, Delta: &cohortv1.ChatDelta{}}))
+}
+
+// final queues the final chunk and ends the stream.
+func (s *Stream) final(model string, usage *cohortv1.ChatUsage) {
+	c := s.chunk(model)
+	c.Choices = []*cohortv1.ChatChoice{}
+	c.SessionId = s.session
+	c.Usage = usage
+	s.push(c)
+	s.done = true
+}
+
+// fail queues an error chunk and the final chunk.
+func (s *Stream) fail(e *apierr.Error, model string) {
+	s.finish(model, "error")
+	last := s.queue[len(s.queue)-1]
+	last.Error = &cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: e.Reason}
+	s.final(model, s.usage)
+}
+
+// translate turns one daemon event into zero or more chunks.
+func (s *Stream) translate(ev *interndv1.RunEvent) {
+	model := modelOf(ev)
+	switch x := ev.GetEvent().(type) {
+	case *interndv1.RunEvent_Started:
+		if sid := x.Started.GetSessionId(); sid != "" {
+			s.session = &sid
+		}
+		s.role(model)
+	case *interndv1.RunEvent_Text:
+		if t := x.Text.GetText(); t != "" {
+			s.delta(model, &cohortv1.ChatDelta{Content: &t})
+		}
+	case *interndv1.RunEvent_Reasoning:
+		if t := x.Reasoning.GetText(); t != "" {
+			s.delta(model, &cohortv1.ChatDelta{Reasoning: &t})
+		}
+	case *interndv1.RunEvent_Interaction:
+		s.delta(model, &cohortv1.ChatDelta{ToolCalls: []*cohortv1.ToolCall{{
+			Index: 0, Id: x.Interaction.GetId(), Type: "function",
+			Function: &cohortv1.FunctionCall{Name: toolName, Arguments: arguments(x.Interaction)},
+		}}})
+	case *interndv1.RunEvent_Usage:
+		u := x.Usage
+		s.usage = &cohortv1.ChatUsage{PromptTokens: u.GetPromptTokens(), CompletionTokens: u.GetCompletionTokens(),
+			TotalTokens: u.GetTotalTokens(), Cost: u.Cost, CachedTokens: u.CachedTokens}
+	case *interndv1.RunEvent_Finished:
+		s.drain()
+		f := x.Finished
+		switch f.GetReason() {
+		case interndv1.Finished_REASON_STOP:
+			s.finish(model, "stop")
+			s.final(model, s.usage)
+		case interndv1.Finished_REASON_PAUSED:
+			// Usage is always null after a tool_calls finish: the turn is
+			// not over, and its usage is reported when it is.
+			s.finish(model, "tool_calls")
+			s.final(model, nil)
+		case interndv1.Finished_REASON_ENDED:
+			s.fail(finishedError(f), ServiceModel)
+		default:
+			s.fail(finishedError(f), model)
+		}
+	}
+}
+
+// drain waits for the daemon to close its stream after Finished, so that
+// closing our side can never look like a caller leaving mid-run (which
+// would cancel a paused run).
+func (s *Stream) drain() {
+	s.timer.Reset(drainTimeout)
+	for {
+		if ev, err := s.recv(); ev == nil || err != nil {
+			return
+		}
+	}
+}
+
+// permissionArgs and elicitationArgs are the two shapes of the
+// service.provide_input arguments, keys in the spec's order.
+type permissionArgs struct {
+	Kind      string   `json:"kind"`
+	Operation *string  `json:"operation"`
+	Options   []string `json:"options"`
+}
+
+type elicitationArgs struct {
+	Kind    string      `json:"kind"`
+	Message string      `json:"message"`
+	Fields  []fieldJSON `json:"fields"`
+}
+
+type fieldJSON struct {
+	Name     string   `json:"name"`
+	Type     string   `json:"type"`
+	Required bool     `json:"required"`
+	Options  []string `json:"options,omitempty"`
+}
+
+// arguments renders an interaction as the tool call's arguments string.
+func arguments(in *interndv1.Interaction) string {
+	var v any
+	switch k := in.GetKind().(type) {
+	case *interndv1.Interaction_Permission:
+		opts := k.Permission.GetOptions()
+		if opts == nil {
+			opts = []string{}
+		}
+		v = permissionArgs{Kind: "permission", Operation: k.Permission.Operation, Options: opts}
+	case *interndv1.Interaction_Question:
+		fields := make([]fieldJSON, 0, len(k.Question.GetFields()))
+		for _, f := range k.Question.GetFields() {
+			fields = append(fields, fieldJSON{Name: f.GetName(), Type: f.GetType(), Required: f.GetRequired(), Options: f.GetOptions()})
+		}
+		v = elicitationArgs{Kind: "elicitation", Message: k.Question.GetMessage(), Fields: fields}
+	default:
+		v = elicitationArgs{Kind: "elicitation", Fields: []fieldJSON{}}
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}

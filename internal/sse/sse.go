@@ -1,0 +1,153 @@
+// Package sse is the adapter between the chat chunk stream and the
+// OpenAI-style server-sent events of the REST door. It only translates: each
+// chunk becomes one `data: <json>` event, silence becomes `: keepalive`
+// comments, and the end of the stream becomes `data: [DONE]`. What the chunks
+// say is decided by the chat orchestration, never here.
+package sse
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+)
+
+// Defaults of Options.
+const (
+	// DefaultKeepalive is the spec's 30 seconds of silence.
+	DefaultKeepalive = 30 * time.Second
+	// DefaultWriteTimeout bounds one write to a slow or vanished client.
+	DefaultWriteTimeout = 30 * time.Second
+)
+
+// Wire constants of the stream.
+var (
+	keepalive = []byte(": keepalive\n\n")
+	done      = []byte("data: [DONE]\n\n")
+)
+
+// Source yields the chunks of one response. Next returns io.EOF after the
+// last chunk; any other error means the stream stops without a sentinel
+// (the caller is gone, so nothing more can be delivered).
+type Source interface {
+	Next() (*cohortv1.ChatCompletionChunk, error)
+}
+
+// Options tune a stream; zero values take the defaults.
+type Options struct {
+	// Keepalive is the silence after which a `: keepalive` comment is
+	// written, so a disconnected caller is noticed within that interval.
+	Keepalive time.Duration
+	// WriteTimeout is the deadline of each write (and its flush).
+	WriteTimeout time.Duration
+}
+
+func (o Options) keepalive() time.Duration {
+	if o.Keepalive > 0 {
+		return o.Keepalive
+	}
+	return DefaultKeepalive
+}
+
+func (o Options) writeTimeout() time.Duration {
+	if o.WriteTimeout > 0 {
+		return o.WriteTimeout
+	}
+	return DefaultWriteTimeout
+}
+
+// Event frames one chunk as a `data:` event.
+func Event(b []byte, c *cohortv1.ChatCompletionChunk) []byte {
+	b = append(b, "data: "...)
+	b = AppendChunk(b, c)
+	return append(b, '\n', '\n')
+}
+
+type item struct {
+	c   *cohortv1.ChatCompletionChunk
+	err error
+}
+
+// Serve writes src to w as server-sent events until src ends (then
+// `data: [DONE]`), the request's context ends, or a write fails. It sends
+// the 200 status and the headers that keep proxies from buffering. It
+// returns nil after [DONE], else the reason the stream stopped early.
+//
+// The server-wide read and write deadlines are cleared for the stream (a
+// stream outlives any request timeout); instead each write gets its own
+// deadline, so one stuck client cannot hold a goroutine for ever.
+func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) error {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	// A read deadline left over from the server's ReadTimeout would make the
+	// connection's background read fail mid-stream and cancel the request.
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+
+	items := make(chan item)
+	stop := make(chan struct{})
+	defer close(stop)
+	go pump(src, items, stop)
+
+	write := func(b []byte) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+
+	idle := time.NewTimer(opt.keepalive())
+	defer idle.Stop()
+	var buf []byte
+	for {
+		select {
+		case it := <-items:
+			if it.err == io.EOF {
+				return write(done)
+			}
+			if it.err != nil {
+				return it.err
+			}
+			buf = Event(buf[:0], it.c)
+			if err := write(buf); err != nil {
+				return err
+			}
+		case <-idle.C:
+			if err := write(keepalive); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		idle.Reset(opt.keepalive())
+	}
+}
+
+// pump reads src on its own goroutine so a silent source cannot delay a
+// keepalive. It stops after the first error or when Serve has returned.
+func pump(src Source, out chan<- item, stop <-chan struct{}) {
+	for {
+		c, err := src.Next()
+		select {
+		case out <- item{c, err}:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
