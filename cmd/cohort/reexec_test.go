@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 func TestServeRunsDemoIntern(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	_, _, stop := startServe(t, "--data-dir", dir)
+	base, _, stop := startServe(t, "--data-dir", dir)
 	defer stop()
 	b, err := os.ReadFile(filepath.Join(dir, "bootstrap.json"))
 	if err != nil {
@@ -67,6 +68,80 @@ func TestServeRunsDemoIntern(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "interns", boot["intern_id"], "sessions")); err != nil {
 		t.Fatalf("the daemon's data directory: %v", err)
 	}
+
+	// End to end: gateway → daemon → built-in agent (cohort/demo) → SSE.
+	chat := func(body string) []map[string]any {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base+"/api/v1/interns/"+boot["intern_id"]+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+boot["workspace_key"])
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		raw, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 {
+			t.Fatalf("chat: %d %s", res.StatusCode, raw)
+		}
+		var chunks []map[string]any
+		lines := strings.Split(string(raw), "\n")
+		if !strings.Contains(string(raw), "data: [DONE]") {
+			t.Fatalf("stream without [DONE]: %s", raw)
+		}
+		for _, l := range lines {
+			if d, ok := strings.CutPrefix(l, "data: "); ok && d != "[DONE]" {
+				var c map[string]any
+				if err := json.Unmarshal([]byte(d), &c); err != nil {
+					t.Fatalf("chunk %q: %v", d, err)
+				}
+				chunks = append(chunks, c)
+			}
+		}
+		return chunks
+	}
+	content := func(chunks []map[string]any) (text, finish string, toolCall map[string]any, session any) {
+		for _, c := range chunks {
+			if s, ok := c["session_id"]; ok {
+				session = s
+			}
+			for _, ch := range c["choices"].([]any) {
+				ch := ch.(map[string]any)
+				d := ch["delta"].(map[string]any)
+				if s, ok := d["content"].(string); ok {
+					text += s
+				}
+				if tc, ok := d["tool_calls"].([]any); ok {
+					toolCall = tc[0].(map[string]any)
+				}
+				if f, ok := ch["finish_reason"].(string); ok {
+					finish = f
+				}
+			}
+		}
+		return
+	}
+	text, finish, _, _ := content(chat(`{"stream":true,"messages":[{"role":"user","content":"hello"}]}`))
+	if finish != "stop" || !strings.Contains(text, "You said: hello") {
+		t.Fatalf("hello: %q %q", text, finish)
+	}
+	// Manual mode: the shell asks first; the answer resumes the run.
+	_, finish, tc, session := content(chat(`{"stream":true,"approval_mode":"manual","messages":[{"role":"user","content":"$ echo e2e"}]}`))
+	if finish != "tool_calls" || tc == nil || session == nil {
+		t.Fatalf("manual shell: %q %v %v", finish, tc, session)
+	}
+	echo, _ := json.Marshal(tc)
+	text, finish, _, _ = content(chat(`{"stream":true,"session_id":` + mustJSON(session) + `,"messages":[` +
+		`{"role":"assistant","content":null,"tool_calls":[` + string(echo) + `]},` +
+		`{"role":"tool","tool_call_id":` + mustJSON(tc["id"]) + `,"content":"allow_once"}]}`))
+	if finish != "stop" || !strings.Contains(text, `e2e`) {
+		t.Fatalf("after allow_once: %q %q", text, finish)
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
 
 // `cohort admin intern register` records a remote daemon: checked against
