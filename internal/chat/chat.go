@@ -268,7 +268,13 @@ func daemonError(err error) *apierr.Error {
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {
 			if _, ok := v.(*cohortv1.ErrorDetail); ok {
-				return apierr.FromConnect(err)
+				ae := apierr.FromConnect(err)
+				// The daemon refusing the gateway's own credentials is
+				// not the caller's 401/403: their key was fine.
+				if ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden || ae.Reason == "" {
+					return errRejected.WithCause(err)
+				}
+				return ae
 			}
 		}
 	}

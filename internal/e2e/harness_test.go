@@ -1,0 +1,355 @@
+package e2e_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cohortBin is the real cohort executable, built once by TestMain: the
+// gateway, the daemons, their agents and the admin CLI all run as the
+// processes an operator would run.
+var cohortBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cohort-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cohortBin = filepath.Join(dir, "cohort")
+	build := exec.Command("go", "build", "-o", cohortBin, "github.com/cohort-dev/cohort/cmd/cohort")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build cohort:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// wait bounds every wait of these tests: generous, since a loaded 2-core
+// machine runs gateways, daemons and agents side by side.
+const wait = 60 * time.Second
+
+// syncBuf is a goroutine-safe buffer for a child's stderr.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// proc is a child process that announced its address on stdout.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	URL    string
+	stderr *syncBuf
+	done   chan struct{}
+}
+
+var addrRE = regexp.MustCompile(`listening on (http://\S+)`)
+
+// start runs cohort with args and env and waits for its address line.
+func start(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(cohortBin, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	p := &proc{name: name, cmd: cmd, stderr: &syncBuf{}, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.Stop(t) })
+	select {
+	case p.URL = <-addr:
+	case <-p.done:
+		t.Fatalf("%s exited before listening:\n%s", name, p.stderr)
+	case <-time.After(wait):
+		t.Fatalf("%s did not listen within %v:\n%s", name, wait, p.stderr)
+	}
+	return p
+}
+
+// Stop ends the process gracefully (SIGTERM), then by force.
+func (p *proc) Stop(t *testing.T) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+	if t.Failed() {
+		t.Logf("%s stderr:\n%s", p.name, tail(p.stderr.String(), 4000))
+	}
+}
+
+// Kill ends the process at once (SIGKILL) and waits for it.
+func (p *proc) Kill() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// cleanEnv is this process's environment without COHORT_* settings, so a
+// developer's shell cannot change what the tests start.
+func cleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "OPENAI_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// cluster is one database with the gateways serving it.
+type cluster struct {
+	dataDir string
+	dbArgs  []string
+	Org     string
+	WS      string
+	WK      string // workspace key
+	MK      string // management key
+	Demo    string // bootstrap intern
+}
+
+// newCluster prepares a data directory (KEK, SQLite or dbURL) and starts the
+// first gateway with extra serve flags; it bootstraps the organization.
+func newCluster(t *testing.T, dbURL string, serveArgs ...string) (*cluster, *proc) {
+	t.Helper()
+	c := &cluster{dataDir: t.TempDir()}
+	c.dbArgs = []string{"--data-dir", c.dataDir}
+	if dbURL != "" {
+		c.dbArgs = append(c.dbArgs, "--database-url", dbURL)
+	}
+	g := c.Gateway(t, serveArgs...)
+	b, err := os.ReadFile(filepath.Join(c.dataDir, "bootstrap.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot map[string]string
+	if err := json.Unmarshal(b, &boot); err != nil {
+		t.Fatal(err)
+	}
+	c.Org, c.WS, c.WK, c.MK, c.Demo = boot["organization_id"], boot["workspace_id"], boot["workspace_key"], boot["management_key"], boot["intern_id"]
+	return c, g
+}
+
+// Gateway starts one `cohort serve` on the cluster's database with the
+// remote provisioner unless serveArgs say otherwise.
+func (c *cluster) Gateway(t *testing.T, serveArgs ...string) *proc {
+	t.Helper()
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, c.dbArgs...)
+	if !hasFlag(serveArgs, "--provisioner") {
+		args = append(args, "--provisioner", "remote")
+	}
+	return start(t, "gateway", nil, append(args, serveArgs...)...)
+}
+
+func hasFlag(args []string, f string) bool {
+	for _, a := range args {
+		if a == f || strings.HasPrefix(a, f+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// Admin runs `cohort admin …` on the cluster's database and decodes --json.
+func (c *cluster) Admin(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	out, err := c.admin(append(args, "--json")...)
+	if err != nil {
+		t.Fatalf("admin %v: %v", args, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatalf("admin %v: %s", args, out)
+	}
+	return m
+}
+
+func (c *cluster) admin(args ...string) ([]byte, error) {
+	cmd := exec.Command(cohortBin, append(append([]string{"admin"}, args...), c.dbArgs...)...)
+	cmd.Env = cleanEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%w: %s", err, stderr.String())
+	}
+	return out, nil
+}
+
+// NewIntern creates an intern record (state provisioning until a daemon is
+// registered for it).
+func (c *cluster) NewIntern(t *testing.T, name string) string {
+	t.Helper()
+	return c.Admin(t, "intern", "create", "--org", c.Org, "--workspace", c.WS, "--name", name)["id"].(string)
+}
+
+// daemon is a `cohort intern` process registered for an intern.
+type daemon struct {
+	*proc
+	id, secretFile, dataDir string
+	env, flags              []string
+}
+
+// Daemon starts `cohort intern` for id with extra flags and agent
+// environment, and registers it with `cohort admin intern register`.
+func (c *cluster) Daemon(t *testing.T, id string, env []string, flags ...string) *daemon {
+	t.Helper()
+	d := &daemon{id: id, dataDir: t.TempDir(), env: env, flags: flags}
+	d.secretFile = filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(d.secretFile, []byte("daemon-secret-"+id+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.proc = d.run(t, "127.0.0.1:0")
+	c.Register(t, d)
+	return d
+}
+
+func (d *daemon) run(t *testing.T, listen string) *proc {
+	args := append([]string{"intern", "--listen", listen, "--data-dir", d.dataDir, "--intern-id", d.id,
+		"--secret-file", d.secretFile, "--log-level", "warn"}, d.flags...)
+	return start(t, "daemon "+d.id, d.env, args...)
+}
+
+// Restart starts the daemon again on the same address and data directory.
+func (d *daemon) Restart(t *testing.T) {
+	t.Helper()
+	d.proc.Stop(t)
+	d.proc = d.run(t, strings.TrimPrefix(d.URL, "http://"))
+}
+
+// Register records d's address and secret for its intern.
+func (c *cluster) Register(t *testing.T, d *daemon) {
+	t.Helper()
+	in := c.Admin(t, "intern", "register", "--id", d.id, "--url", d.URL, "--secret-file", d.secretFile)
+	if in["state"] != "running" {
+		t.Fatalf("register: %v", in)
+	}
+}
+
+// chat posts a chat request to a gateway.
+func chat(t *testing.T, gw *proc, key, intern, body string) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*wait)
+	t.Cleanup(cancel)
+	return chatCtx(t, ctx, gw, key, intern, body)
+}
+
+func chatCtx(t *testing.T, ctx context.Context, gw *proc, key, intern, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL+"/api/v1/interns/"+intern+"/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	return res
+}
+
+// refusal asserts a JSON refusal with status and reason.
+func refusal(t *testing.T, res *http.Response, status int, reason string) {
+	t.Helper()
+	raw, _ := io.ReadAll(res.Body)
+	if res.StatusCode != status || res.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("want %d %s, got %d %s: %s", status, reason, res.StatusCode, res.Header.Get("Content-Type"), raw)
+	}
+	var body struct {
+		Error struct {
+			Code     int    `json:"code"`
+			Message  string `json:"message"`
+			Metadata struct {
+				Reason string `json:"reason"`
+			} `json:"metadata"`
+		} `json:"error"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || body.Error.Code != status || body.Error.Message == "" || body.Error.Metadata.Reason != reason {
+		t.Fatalf("want %d %s, got body %s (%v)", status, reason, raw, err)
+	}
+}
+
+// user and reply build request bodies.
+func user(prompt string, extra ...string) string {
+	b, _ := json.Marshal(prompt)
+	return `{"stream":true` + join(extra) + `,"messages":[{"role":"user","content":` + string(b) + `}]}`
+}
+
+func reply(session, callID, content string, extra ...string) string {
+	s, _ := json.Marshal(session)
+	id, _ := json.Marshal(callID)
+	c, _ := json.Marshal(content)
+	return `{"stream":true,"session_id":` + string(s) + join(extra) + `,"messages":[{"role":"tool","tool_call_id":` + string(id) + `,"content":` + string(c) + `}]}`
+}
+
+func join(extra []string) string {
+	if len(extra) == 0 {
+		return ""
+	}
+	return "," + strings.Join(extra, ",")
+}
+
+func writeFile(path, s string) error { return os.WriteFile(path, []byte(s+"\n"), 0o600) }
