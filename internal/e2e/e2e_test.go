@@ -159,6 +159,18 @@ func TestRunStates(t *testing.T) {
 		refusal(t, chat(t, gw, key, d.id, s.answer("allow_once")), 409, "interaction_not_pending")
 	})
 
+	t.Run("a daemon restart ends the paused run", func(t *testing.T) {
+		t.Parallel()
+		d := c.Daemon(t, c.NewIntern(t, "restart"), nil)
+		s := readAll(t, chat(t, gw, key, d.id, user("$ echo gone", `"approval_mode":"manual"`)))
+		d.Restart(t)
+		refusal(t, chat(t, gw, key, d.id, s.answer("allow_once")), 409, "interaction_not_pending")
+		refusal(t, chat(t, gw, key, d.id, reply(s.Session.(string), "call_never_asked", "allow_once")), 404, "interaction_unknown")
+		if r := readAll(t, chat(t, gw, key, d.id, user("hello again", `"session_id":`+jsonStr(s.Session)))); r.Finish != "stop" {
+			t.Fatalf("the session after the restart %q", r.Finish)
+		}
+	})
+
 	t.Run("failed after 200", func(t *testing.T) {
 		t.Parallel()
 		up := agenttest.NewUpstream(t, agenttest.Step{Chunks: []string{agenttest.Text(upModel, "partial answer")}, CloseMidStream: true})

@@ -168,6 +168,10 @@ type cluster struct {
 	WK      string // workspace key
 	MK      string // management key
 	Demo    string // bootstrap intern
+
+	// adminMu serializes admin CLI runs: each migrates the database on
+	// open, and concurrent migrations refuse each other's lock.
+	adminMu sync.Mutex
 }
 
 // newCluster prepares a data directory (KEK, SQLite or dbURL) and starts the
@@ -227,6 +231,8 @@ func (c *cluster) Admin(t *testing.T, args ...string) map[string]any {
 }
 
 func (c *cluster) admin(args ...string) ([]byte, error) {
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
 	cmd := exec.Command(cohortBin, append(append([]string{"admin"}, args...), c.dbArgs...)...)
 	cmd.Env = cleanEnv()
 	var stderr bytes.Buffer

@@ -347,6 +347,11 @@ func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint6
 	}
 	d.mu.Unlock()
 	if r == nil {
+		if d.store.asked(req.GetSessionId(), iaID) {
+			// Asked by a run this daemon process no longer holds (it
+			// restarted, or the run aged out of memory): it has ended.
+			return nil, 0, apierr.Conflict("interaction_not_pending", "the question is no longer waiting")
+		}
 		return nil, 0, apierr.New(http.StatusNotFound, "interaction_unknown", "no pending question in this session has this id")
 	}
 	return r.answer(iaID, req.GetAnswer())

@@ -305,6 +305,14 @@ func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) repl
 	ev.Id = ia.id
 	deadline := d.now().Add(d.cfg.InteractionDeadline)
 	ev.Deadline = timestamppb.New(deadline)
+	if err := d.store.update(r.sess.rec.ID, func(rec *sessionRecord) {
+		rec.Asked = append(rec.Asked, ia.id)
+		if n := len(rec.Asked) - maxAsked; n > 0 {
+			rec.Asked = append([]string(nil), rec.Asked[n:]...)
+		}
+	}); err != nil {
+		d.log.Warn("record the interaction", "session", r.sess.rec.ID, "err", err)
+	}
 
 	r.mu.Lock()
 	if r.state != stateStreaming || r.cancelling {

@@ -28,6 +28,32 @@ type sessionRecord struct {
 	CreatedAt    time.Time    `json:"created_at"`
 	UpdatedAt    time.Time    `json:"updated_at"`
 	Turns        []turnRecord `json:"turns"`
+	// Asked holds the ids of the session's last interactions, written
+	// before each question reaches the caller: a reply that outlived the
+	// daemon that asked (a restart) is then "no longer waiting" (409),
+	// not "unknown" (404).
+	Asked []string `json:"asked,omitempty"`
+}
+
+// maxAsked bounds Asked.
+const maxAsked = 64
+
+// asked reports whether the stored session once asked interaction ia.
+func (f *fileStore) asked(id, ia string) bool {
+	b, err := os.ReadFile(f.path(id))
+	if err != nil {
+		return false
+	}
+	var rec sessionRecord
+	if json.Unmarshal(b, &rec) != nil || rec.ID != id {
+		return false
+	}
+	for _, a := range rec.Asked {
+		if a == ia {
+			return true
+		}
+	}
+	return false
 }
 
 // turnRecord is one run's prompt and outcome.

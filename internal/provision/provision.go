@@ -187,6 +187,16 @@ func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 // as the gateway comes up.
 func (p *Provisioner) Start(ctx context.Context) error {
 	p.init()
+	if p.Mode != Remote {
+		// The daemons of a previous gateway process died with it: until
+		// this one's are up, the interns are starting (chat answers 409
+		// intern_not_ready), not running at a dead address.
+		if _, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
+			Set("state = ?", store.InternProvisioning).Set("updated_at = ?", store.Now(nil)).
+			Where("state = ?", store.InternRunning).Exec(ctx); err != nil {
+			return err
+		}
+	}
 	var rows []store.Intern
 	if err := p.DB.NewSelect().Model(&rows).Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
 		return err

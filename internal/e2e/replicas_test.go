@@ -1,0 +1,84 @@
+package e2e_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+// Two gateway replicas on one PostgreSQL database and one remote daemon: a
+// prompt streamed through replica A pauses, the answer goes through replica
+// B, and the same run resumes. The gateway keeps no run state.
+func TestReplicasShareRuns(t *testing.T) {
+	c, a := newCluster(t, storetest.PostgresURL(t))
+	b := c.Gateway(t, "--no-bootstrap")
+	d := c.Daemon(t, c.Demo, nil)
+
+	s := readAll(t, chat(t, a, c.WK, d.id, user("$ echo across-replicas", `"approval_mode":"manual"`)))
+	if s.Finish != "tool_calls" {
+		t.Fatalf("pause through A: %q", s.Finish)
+	}
+	r := readAll(t, chat(t, b, c.WK, d.id, s.answer("allow_once")))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "across-replicas") || r.Session != s.Session {
+		t.Fatalf("resume through B: %q %q %v", r.Finish, r.Text, r.Session)
+	}
+	// The run has ended for both replicas.
+	refusal(t, chat(t, a, c.WK, d.id, s.answer("allow_once")), 409, "interaction_not_pending")
+
+	// A question asked through B is answered through A.
+	q := readAll(t, chat(t, b, c.WK, d.id, user("shall we?")))
+	r = readAll(t, chat(t, a, c.WK, d.id, q.answer(`{"action":"decline"}`)))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "declined") {
+		t.Fatalf("decline through A: %q %q", r.Finish, r.Text)
+	}
+}
+
+// A restarted gateway with remote daemons: the paused run lives on the
+// daemon, so the reply to the new gateway process resumes it.
+func TestRemotePauseSurvivesGatewayRestart(t *testing.T) {
+	c, gw := newCluster(t, "")
+	d := c.Daemon(t, c.Demo, nil)
+	s := readAll(t, chat(t, gw, c.WK, d.id, user("$ echo after-restart", `"approval_mode":"manual"`)))
+	if s.Finish != "tool_calls" {
+		t.Fatalf("pause: %q", s.Finish)
+	}
+	gw.Stop(t)
+	gw = c.Gateway(t)
+	r := readAll(t, chat(t, gw, c.WK, d.id, s.answer("allow_once")))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "after-restart") {
+		t.Fatalf("resume after restart: %q %q", r.Finish, r.Text)
+	}
+}
+
+// A restarted gateway with the local provisioner: its daemons are its
+// children and die with it (docs/decisions.md), so a paused run is lost.
+// The new daemon keeps the session (on disk) but not the run: the reply is
+// refused, and the session takes new turns.
+func TestLocalPauseLostOnGatewayRestart(t *testing.T) {
+	c, gw := newCluster(t, "", "--provisioner", "local")
+	running := func(gw *proc) func() bool {
+		return func() bool {
+			res := chat(t, gw, c.WK, c.Demo, user("ready?x"))
+			if res.StatusCode == 409 {
+				refusal(t, res, 409, "intern_not_ready")
+				return false
+			}
+			readAll(t, res)
+			return true
+		}
+	}
+	eventually(t, "the local daemon runs", running(gw))
+	s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ echo lost", `"approval_mode":"manual"`)))
+	if s.Finish != "tool_calls" {
+		t.Fatalf("pause: %q", s.Finish)
+	}
+	gw.Stop(t)
+	gw = c.Gateway(t, "--provisioner", "local")
+	eventually(t, "the restarted gateway's daemon runs", running(gw))
+	refusal(t, chat(t, gw, c.WK, c.Demo, s.answer("allow_once")), 409, "interaction_not_pending")
+	r := readAll(t, chat(t, gw, c.WK, c.Demo, user("still there", `"session_id":`+jsonStr(s.Session))))
+	if r.Finish != "stop" {
+		t.Fatalf("new turn in the session: %q", r.Finish)
+	}
+}
