@@ -15,6 +15,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -32,18 +33,21 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
+	Federation *federation.Service
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
+	fed := federation.New(db, kek, log)
 	return &Server{
 		DB:         db,
 		Log:        log,
 		KEK:        kek,
-		Auth:       &auth.Authenticator{DB: db},
+		Auth:       &auth.Authenticator{DB: db, Tokens: fed},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    &interns.Service{DB: db},
+		Federation: fed,
 	}
 }
 
@@ -57,9 +61,16 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
+	mount(cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, opts))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
+	fed := federation.REST{S: s.Federation}
+	// Every method reaches the token handler, so that even a 405 carries
+	// its no-store headers and OAuth error body. No bearer auth: the
+	// subject token is the credential.
+	mux.HandleFunc(Prefix+"/oauth/token", fed.Token)
+	mux.HandleFunc("GET "+Prefix+"/oauth/jwks", fed.JWKS)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
