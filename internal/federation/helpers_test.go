@@ -29,6 +29,7 @@ import (
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/keys"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
@@ -101,8 +102,10 @@ func newIDP(t testing.TB) *idp {
 	p := &idp{jwks: []map[string]any{rsaJWK(kidRSA, &rsaKey.PublicKey), ecJWK(kidEC, &ecKey.PublicKey)}}
 	release := make(chan struct{})
 	p.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/.well-known/openid-configuration":
+		switch path := r.URL.Path; {
+		case strings.HasSuffix(path, "/.well-known/openid-configuration"):
+			// Any tenant path gets the root issuer's document, so a
+			// tenant issuer URL meets a mismatching "issuer".
 			p.discoveryCalls.Add(1)
 			p.mu.Lock()
 			iss := p.discoveryIss
@@ -111,7 +114,7 @@ func newIDP(t testing.TB) *idp {
 				iss = p.URL
 			}
 			json.NewEncoder(w).Encode(map[string]any{"issuer": iss, "jwks_uri": p.URL + "/jwks", "id_token_signing_alg_values_supported": []string{"RS256", "ES256"}})
-		case "/jwks":
+		case path == "/jwks":
 			p.jwksFetches.Add(1)
 			p.mu.Lock()
 			status, hang, set := p.jwksStatus, p.hang, append([]map[string]any(nil), p.jwks...)
@@ -368,7 +371,45 @@ func eachDB(t *testing.T, fn func(t *testing.T, db *bun.DB, p *idp)) {
 }
 
 var (
-	_ = io.Discard
-	_ = slog.Default
+	_               = io.Discard
+	_               = slog.Default
 	_ crypto.Signer = edKey
 )
+
+// otherOrg is a second organization in the same database.
+type otherOrg struct {
+	orgID, managementKey, workspaceKeyID string
+}
+
+// newOtherOrg creates an organization with a management key and a
+// workspace key.
+func newOtherOrg(t testing.TB, f *fed, entitled bool) otherOrg {
+	t.Helper()
+	ctx := context.Background()
+	acc := f.Server.Accounts
+	org, err := acc.CreateOrganization(ctx, auth.Operator(""), &cohortv1.CreateOrganizationRequest{Name: "Other",
+		Entitlements: &cohortv1.Entitlements{WorkloadIdentity: entitled}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := auth.Operator(org.GetId())
+	u, err := acc.CreateUser(ctx, op, &cohortv1.CreateUserRequest{Email: "admin@" + org.GetId() + ".test", Role: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op.UserID = u.GetId()
+	mk, err := acc.CreateAPIKey(ctx, op, &cohortv1.CreateApiKeyRequest{Kind: "management"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "Other WS"
+	ws, err := f.Server.Workspaces.Create(ctx, op, &cohortv1.CreateWorkspaceRequest{Name: &name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wk, err := acc.CreateAPIKey(ctx, op, &cohortv1.CreateApiKeyRequest{Kind: "workspace", WorkspaceId: ws.GetId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return otherOrg{orgID: org.GetId(), managementKey: mk.GetKey(), workspaceKeyID: wk.GetApiKey().GetId()}
+}
