@@ -25,6 +25,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/uptrace/bun"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -412,4 +413,9 @@ func newOtherOrg(t testing.TB, f *fed, entitled bool) otherOrg {
 		t.Fatal(err)
 	}
 	return otherOrg{orgID: org.GetId(), managementKey: mk.GetKey(), workspaceKeyID: wk.GetApiKey().GetId()}
+}
+
+// redisDown is a client to a port where nothing listens.
+func redisDown() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
 }
