@@ -139,7 +139,9 @@ func TestPolicyValidation(t *testing.T) {
 			{"claim check twice", base(func(r *cohortv1.CreatePolicyRequest) {
 				r.ClaimChecks = []*cohortv1.ClaimCheck{{Kind: "scopes", Value: "a"}, {Kind: "scopes", Value: "b"}}
 			}), connect.CodeInvalidArgument, "given twice"},
-			{"claim check kind", base(func(r *cohortv1.CreatePolicyRequest) { r.ClaimChecks = []*cohortv1.ClaimCheck{{Kind: "scope", Value: "a"}} }), connect.CodeInvalidArgument, "scopes or token_type"},
+			{"claim check kind", base(func(r *cohortv1.CreatePolicyRequest) {
+				r.ClaimChecks = []*cohortv1.ClaimCheck{{Kind: "scope", Value: "a"}}
+			}), connect.CodeInvalidArgument, "scopes or token_type"},
 			{"claim check empty", base(func(r *cohortv1.CreatePolicyRequest) { r.ClaimChecks = []*cohortv1.ClaimCheck{{Kind: "token_type"}} }), connect.CodeInvalidArgument, "needs a value"},
 			{"claim check 513", base(func(r *cohortv1.CreatePolicyRequest) {
 				r.ClaimChecks = []*cohortv1.ClaimCheck{{Kind: "token_type", Value: strings.Repeat("v", 513)}}
