@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/uptrace/bun/dialect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -28,6 +30,7 @@ type auditWriter struct {
 	once    sync.Once
 	queue   chan *store.FederationExchange
 	flushes chan chan struct{}
+	stmt    preparedStmt
 }
 
 const (
@@ -92,10 +95,49 @@ func (a *auditWriter) loop() {
 	}
 }
 
+// auditInsert is the one audit statement, prepared once: a batch is these
+// executions in one transaction, so SQLite neither parses nor commits per
+// row.
+func auditInsert(pg bool) string {
+	if pg {
+		return `INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
+			detail, subject, source_address, token_id, api_key_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+	}
+	return `INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
+		detail, subject, source_address, token_id, api_key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+}
+
 func (a *auditWriter) write(ctx context.Context, rows []*store.FederationExchange) {
-	if _, err := a.s.DB.NewInsert().Model(&rows).Exec(ctx); err != nil {
+	if err := a.insert(ctx, rows); err != nil {
 		a.s.log().ErrorContext(ctx, "federation: writing the exchange audit failed", "rows", len(rows), "err", err)
 	}
+}
+
+func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchange) error {
+	stmt, err := a.stmt.get(ctx, a.s.DB, auditInsert(a.s.DB.Dialect().Name() == dialect.PG))
+	if err != nil {
+		return err
+	}
+	tx, err := a.s.DB.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	ts := tx.StmtContext(ctx, stmt)
+	pg := a.s.DB.Dialect().Name() == dialect.PG
+	for _, r := range rows {
+		// On SQLite a timestamp is text; write it exactly as bun does, so
+		// that bun's reads and comparisons ("at < ?") see one format.
+		var at any = r.At
+		if !pg {
+			at = r.At.UTC().Format("2006-01-02 15:04:05.999999-07:00")
+		}
+		if _, err := ts.ExecContext(ctx, r.ID, r.OrganizationID, r.PolicyID, r.IssuerID, at, r.Outcome, r.FailedCheck,
+			r.Detail, r.Subject, r.SourceAddress, r.TokenID, r.APIKeyID); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // flush writes every queued row before it returns.
@@ -185,4 +227,15 @@ func decodePageToken(tok string) (time.Time, string, error) {
 		return time.Time{}, "", bad
 	}
 	return time.UnixMicro(us).UTC(), id, nil
+}
+
+// newExchangeID is a time-ordered UUID (version 7): audit rows are
+// appended at the end of the primary key's B-tree instead of at random
+// places, which keeps the audit write cheap.
+func newExchangeID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return id.String()
 }

@@ -11,11 +11,15 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
@@ -53,51 +57,85 @@ var checkOrder = []string{checkTokenFormat, checkPolicy, checkEntitlement, check
 // entitlement or a disabled key stops the very next exchange, on every
 // replica.
 type policyRow struct {
-	ID               string     `bun:"id"`
-	OrganizationID   string     `bun:"organization_id"`
-	IssuerID         string     `bun:"issuer_id"`
-	Subject          string     `bun:"subject"`
-	Audience         string     `bun:"audience"`
-	Condition        string     `bun:"condition_expr"`
-	APIKeyID         string     `bun:"api_key_id"`
-	Enabled          bool       `bun:"enabled"`
-	ScopesCheck      *string    `bun:"scopes_check"`
-	TokenTypeCheck   *string    `bun:"token_type_check"`
-	IssuerURL        string     `bun:"issuer_url"`
-	JWKSURL          string     `bun:"jwks_url"`
-	Revision         int64      `bun:"revision"`
-	WorkloadIdentity bool       `bun:"workload_identity"`
-	KeyKind          string     `bun:"key_kind"`
-	KeyDisabledAt    *time.Time `bun:"key_disabled_at"`
-	KeyDeletedAt     *time.Time `bun:"key_deleted_at"`
+	ID, OrganizationID, IssuerID string
+	Subject, Audience, Condition string
+	APIKeyID                     string
+	Enabled                      bool
+	ScopesCheck, TokenTypeCheck  *string
+	IssuerURL, JWKSURL           string
+	Revision                     int64
+	WorkloadIdentity             bool
+	KeyKind                      string
+	KeyDisabled, KeyDeleted      bool
 }
 
-const policyQuery = `SELECT p.id, p.organization_id, p.issuer_id, p.subject, p.audience, p.condition_expr,
+// policyQuery has the dialect's placeholders for the policy id and,
+// optionally, the organization. It is a prepared statement: SQLite would
+// otherwise parse and plan the join on every exchange, which costs more
+// than the exchange's signature check (docs/benchmarks.md).
+func policyQuery(pg, withOrg bool) string {
+	q := `SELECT p.id, p.organization_id, p.issuer_id, p.subject, p.audience, p.condition_expr,
 	p.api_key_id, p.enabled, p.scopes_check, p.token_type_check,
 	i.issuer_url, i.jwks_url, i.revision, o.workload_identity,
-	k.kind AS key_kind, k.disabled_at AS key_disabled_at, k.deleted_at AS key_deleted_at
+	k.kind AS key_kind, k.disabled_at IS NOT NULL AS key_disabled, k.deleted_at IS NOT NULL AS key_deleted
 FROM federation_policies p
 JOIN federation_issuers i ON i.id = p.issuer_id
 JOIN organizations o ON o.id = p.organization_id
 JOIN api_keys k ON k.id = p.api_key_id
 WHERE p.id = ?`
-
-// loadPolicyRow returns the policy, or nil when there is none.
-func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyRow, error) {
-	q, args := policyQuery, []any{id}
-	if orgID != "" {
+	if withOrg {
 		q += " AND p.organization_id = ?"
-		args = append(args, orgID)
 	}
-	var r policyRow
-	err := s.DB.NewRaw(q, args...).Scan(ctx, &r)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
+	if pg {
+		q = strings.Replace(q, "?", "$1", 1)
+		q = strings.Replace(q, "?", "$2", 1)
+	}
+	return q
+}
+
+// preparedStmt prepares a statement once, on first use.
+type preparedStmt struct {
+	once sync.Once
+	stmt *sql.Stmt
+	err  error
+}
+
+func (p *preparedStmt) get(ctx context.Context, db *bun.DB, query string) (*sql.Stmt, error) {
+	p.once.Do(func() { p.stmt, p.err = db.DB.PrepareContext(context.WithoutCancel(ctx), query) })
+	return p.stmt, p.err
+}
+
+// loadPolicyRow returns the policy (of orgID when it is set), or nil when
+// there is none.
+func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyRow, error) {
+	pg := s.DB.Dialect().Name() == dialect.PG
+	var stmt *sql.Stmt
+	var err error
+	args := []any{id}
+	if orgID == "" {
+		stmt, err = s.policyStmt.get(ctx, s.DB, policyQuery(pg, false))
+	} else {
+		stmt, err = s.policyOrgStmt.get(ctx, s.DB, policyQuery(pg, true))
+		args = append(args, orgID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return &r, nil
+	rows, err := stmt.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return nil, rows.Err()
+	}
+	var r policyRow
+	if err := rows.Scan(&r.ID, &r.OrganizationID, &r.IssuerID, &r.Subject, &r.Audience, &r.Condition,
+		&r.APIKeyID, &r.Enabled, &r.ScopesCheck, &r.TokenTypeCheck, &r.IssuerURL, &r.JWKSURL, &r.Revision,
+		&r.WorkloadIdentity, &r.KeyKind, &r.KeyDisabled, &r.KeyDeleted); err != nil {
+		return nil, err
+	}
+	return &r, rows.Close()
 }
 
 func (r *policyRow) issuer() *store.FederationIssuer {
@@ -283,9 +321,9 @@ func (s *Service) evaluate(ctx context.Context, pol *policyRow, tok *SubjectToke
 	tr.pass(checkCondition, "")
 
 	switch {
-	case pol.KeyDeletedAt != nil:
+	case pol.KeyDeleted:
 		return nil, tr.fail(checkAPIKey, "the target API key is deleted")
-	case pol.KeyDisabledAt != nil:
+	case pol.KeyDisabled:
 		return nil, tr.fail(checkAPIKey, "the target API key is disabled")
 	case pol.KeyKind != store.KeyWorkspace:
 		return nil, tr.fail(checkAPIKey, "the target API key is not a workspace key")
@@ -389,7 +427,7 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 		s.log().InfoContext(ctx, "federation: exchange refused", "failed_check", checkPolicy, "source", source)
 		return nil, errInvalidGrant
 	}
-	rec := &store.FederationExchange{ID: uuid.NewString(), OrganizationID: pol.OrganizationID, PolicyID: pol.ID,
+	rec := &store.FederationExchange{ID: newExchangeID(), OrganizationID: pol.OrganizationID, PolicyID: pol.ID,
 		IssuerID: pol.IssuerID, At: s.now(), SourceAddress: truncate(source, 64), APIKeyID: pol.APIKeyID}
 	if sub, ok := tok.Claims["sub"].(string); ok {
 		rec.Subject = truncate(sub, MaxSubLength)

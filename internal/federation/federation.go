@@ -93,6 +93,9 @@ type Service struct {
 	defLimiter   ratelimit.Limiter
 	defClient    *http.Client
 
+	policyStmt    preparedStmt
+	policyOrgStmt preparedStmt
+
 	conds  conditionCache
 	stores keyStores
 	signer signer
@@ -197,6 +200,11 @@ func (s *Service) tick(ctx context.Context) {
 func (s *Service) Close() {
 	s.stores.closeAll()
 	s.audit.flush(context.Background())
+	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.audit.stmt} {
+		if p.stmt != nil {
+			p.stmt.Close()
+		}
+	}
 }
 
 // requireAdmin admits a management key (or the operator) of an

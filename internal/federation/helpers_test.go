@@ -217,7 +217,7 @@ func settings(p *idp) federation.Settings {
 // newFed starts a gateway over db with an issuer for p and one policy
 // (subject = the default sub, audience "cohort") acting as the bootstrap
 // workspace key.
-func newFed(t *testing.T, db *bun.DB, p *idp, configure ...func(*server.Server)) *fed {
+func newFed(t testing.TB, db *bun.DB, p *idp, configure ...func(*server.Server)) *fed {
 	t.Helper()
 	cfg := append([]func(*server.Server){func(s *server.Server) { s.Federation.Config = settings(p) }}, configure...)
 	e := testenv.New(t, db, cfg...)

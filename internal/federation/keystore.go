@@ -104,11 +104,8 @@ func (k *keyStores) get(ctx context.Context, iss *store.FederationIssuer) (*keyS
 	return ks, nil
 }
 
-// build runs discovery (when the issuer has no JWKS URL) and creates the
-// keyfunc over the issuer's JWKS, with these overrides of keyfunc's
-// defaults: our guarded HTTP client, our timeout, a failing first fetch
-// reported instead of hidden, and an unknown-kid refresh that never waits
-// (see gatedStorage).
+// build runs discovery (when the issuer has no JWKS URL), fetches the
+// issuer's JWKS and creates its keyfunc.
 func (k *keyStores) build(ctx context.Context, ks *keyStore, iss store.FederationIssuer) {
 	defer close(ks.ready)
 	cfg := k.s.settings()
@@ -128,34 +125,45 @@ func (k *keyStores) build(ctx context.Context, ks *keyStore, iss store.Federatio
 		}
 		jwksURL = u
 	}
-	noErrorFirst := false
-	kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{jwksURL}, keyfunc.Override{
-		Client:                    cfg.HTTPClient,
-		HTTPTimeout:               cfg.FetchTimeout,
-		NoErrorReturnFirstHTTPReq: &noErrorFirst,
-		RefreshInterval:           cfg.JWKSRefresh,
-		// The inner refresh on an unknown kid never waits: the gate in
-		// front of it decides, without blocking, whether to refresh.
-		RefreshUnknownKID: rate.NewLimiter(rate.Inf, 1),
-		// Bounds the refresh request the inner storage makes with the
-		// caller's context (it uses this same deadline for the fetch).
-		RateLimitWaitMax: cfg.FetchTimeout,
-		RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
-			return func(ctx context.Context, err error) {
-				ks.refreshFailedAt.Store(k.s.now().UnixNano())
-				if f, ok := ctx.Value(fetchFailureKey{}).(*fetchFailure); ok {
-					f.err = err
-					return
-				}
-				k.s.log().Warn("federation: JWKS refresh failed", "issuer_id", iss.ID, "err", err)
-			}
-		},
+	onRefreshError := func(ctx context.Context, err error) {
+		ks.refreshFailedAt.Store(k.s.now().UnixNano())
+		if f, ok := ctx.Value(fetchFailureKey{}).(*fetchFailure); ok {
+			f.err = err
+			return
+		}
+		k.s.log().Warn("federation: JWKS refresh failed", "issuer_id", iss.ID, "err", err)
+	}
+	// This is what keyfunc.NewDefaultOverrideCtx assembles, with its
+	// defaults overridden: our guarded client and timeout; a failing first
+	// fetch reported (503) instead of hidden; a background refresh every
+	// JWKSRefresh; and, instead of a limiter that makes callers with an
+	// unknown kid wait (one refresh per 5 minutes, waiting up to a
+	// minute), a refresh that never waits behind the non-blocking gate
+	// below. Building the two storages here also gives the gate the cached
+	// storage, to look keys up without copying the set.
+	cached, err := jwkset.NewStorageFromHTTP(jwksURL, jwkset.HTTPClientStorageOptions{
+		Client:              cfg.HTTPClient,
+		Ctx:                 ctx,
+		HTTPTimeout:         cfg.FetchTimeout,
+		RefreshInterval:     cfg.JWKSRefresh,
+		RefreshErrorHandler: onRefreshError,
 	})
 	if err != nil {
 		fail(err)
 		return
 	}
-	gate := &gatedStorage{Storage: kf.Storage(), ks: ks, s: k.s, cooldown: rate.NewLimiter(rate.Every(cfg.JWKSCooldown), 1)}
+	refreshing, err := jwkset.NewHTTPClient(jwkset.HTTPClientOptions{
+		HTTPURLs:          map[string]jwkset.Storage{jwksURL: cached},
+		RefreshUnknownKID: rate.NewLimiter(rate.Inf, 1),
+		// Bounds the refresh request, which runs with the caller's
+		// context and this deadline.
+		RateLimitWaitMax: cfg.FetchTimeout,
+	})
+	if err != nil {
+		fail(err)
+		return
+	}
+	gate := &gatedStorage{Storage: refreshing, cached: cached, ks: ks, s: k.s, cooldown: rate.NewLimiter(rate.Every(cfg.JWKSCooldown), 1)}
 	// The first fetch just happened: it counts as this cooldown's fetch.
 	gate.cooldown.Allow()
 	ks.kf, err = keyfunc.New(keyfunc.Options{Ctx: ctx, Storage: gate, UseWhitelist: []jwkset.USE{jwkset.UseSig, ""}})
@@ -169,23 +177,18 @@ func (k *keyStores) build(ctx context.Context, ks *keyStore, iss store.Federatio
 // cooldown runs fails at once instead of queueing behind a limiter: a
 // burst of tokens with random kids costs one fetch, and no one waits.
 type gatedStorage struct {
-	jwkset.Storage
-	ks       *keyStore
-	s        *Service
-	cooldown *rate.Limiter
+	jwkset.Storage // refreshes on a miss
+	cached         jwkset.Storage
+	ks             *keyStore
+	s              *Service
+	cooldown       *rate.Limiter
 }
 
 // KeyRead implements jwkset.Storage.
 func (g *gatedStorage) KeyRead(ctx context.Context, kid string) (jwkset.JWK, error) {
-	// KeyReadAll is a snapshot of the cached keys; it never fetches.
-	all, err := g.Storage.KeyReadAll(ctx)
-	if err != nil {
-		return jwkset.JWK{}, err
-	}
-	for _, j := range all {
-		if j.Marshal().KID == kid {
-			return j, nil
-		}
+	// The cached storage's KeyRead is a lookup; it never fetches.
+	if j, err := g.cached.KeyRead(ctx, kid); err == nil || !errors.Is(err, jwkset.ErrKeyNotFound) {
+		return j, err
 	}
 	if !g.cooldown.Allow() {
 		if failed := g.ks.refreshFailedAt.Load(); failed != 0 &&

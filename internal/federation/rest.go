@@ -1,10 +1,10 @@
 package federation
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -68,7 +68,11 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		writeOAuth(w, tooLarge)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxTokenBody))
+	// One allocation of the announced size (bounded above), not
+	// io.ReadAll's doubling.
+	buf := bytes.NewBuffer(make([]byte, 0, max(512, min(r.ContentLength, MaxTokenBody)+1)))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxTokenBody))
+	body := buf.Bytes()
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
