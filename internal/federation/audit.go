@@ -30,7 +30,8 @@ type auditWriter struct {
 	once    sync.Once
 	queue   chan *store.FederationExchange
 	flushes chan chan struct{}
-	stmt    preparedStmt
+	stmt      preparedStmt // one row
+	chunkStmt preparedStmt // auditChunk rows
 }
 
 const (
@@ -95,16 +96,36 @@ func (a *auditWriter) loop() {
 	}
 }
 
-// auditInsert is the one audit statement, prepared once: a batch is these
-// executions in one transaction, so SQLite neither parses nor commits per
-// row.
-func auditInsert(pg bool) string {
-	if pg {
-		return `INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
-			detail, subject, source_address, token_id, api_key_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+// auditChunk is how many rows one prepared INSERT writes: executing a
+// statement costs more than the rows it writes, so a batch is a few
+// multi-row executions in one transaction, prepared once.
+const auditChunk = 32
+
+// auditInsert is the INSERT of n rows with the dialect's placeholders.
+func auditInsert(pg bool, n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
+		detail, subject, source_address, token_id, api_key_id) VALUES `)
+	p := 0
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for j := range 12 {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			p++
+			if pg {
+				fmt.Fprintf(&b, "$%d", p)
+			} else {
+				b.WriteByte('?')
+			}
+		}
+		b.WriteByte(')')
 	}
-	return `INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
-		detail, subject, source_address, token_id, api_key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	return b.String()
 }
 
 func (a *auditWriter) write(ctx context.Context, rows []*store.FederationExchange) {
@@ -114,7 +135,12 @@ func (a *auditWriter) write(ctx context.Context, rows []*store.FederationExchang
 }
 
 func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchange) error {
-	stmt, err := a.stmt.get(ctx, a.s.DB, auditInsert(a.s.DB.Dialect().Name() == dialect.PG))
+	pg := a.s.DB.Dialect().Name() == dialect.PG
+	one, err := a.stmt.get(ctx, a.s.DB, auditInsert(pg, 1))
+	if err != nil {
+		return err
+	}
+	many, err := a.chunkStmt.get(ctx, a.s.DB, auditInsert(pg, auditChunk))
 	if err != nil {
 		return err
 	}
@@ -123,19 +149,29 @@ func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchan
 		return err
 	}
 	defer tx.Rollback()
-	ts := tx.StmtContext(ctx, stmt)
-	pg := a.s.DB.Dialect().Name() == dialect.PG
-	for _, r := range rows {
-		// On SQLite a timestamp is text; write it exactly as bun does, so
-		// that bun's reads and comparisons ("at < ?") see one format.
-		var at any = r.At
-		if !pg {
-			at = r.At.UTC().Format("2006-01-02 15:04:05.999999-07:00")
+	args := make([]any, 0, 12*auditChunk)
+	for len(rows) > 0 {
+		n := min(len(rows), auditChunk)
+		stmt := many
+		if n < auditChunk {
+			n, stmt = 1, one
 		}
-		if _, err := ts.ExecContext(ctx, r.ID, r.OrganizationID, r.PolicyID, r.IssuerID, at, r.Outcome, r.FailedCheck,
-			r.Detail, r.Subject, r.SourceAddress, r.TokenID, r.APIKeyID); err != nil {
+		args = args[:0]
+		for _, r := range rows[:n] {
+			// On SQLite a timestamp is text; write it exactly as bun
+			// does, so bun's reads and comparisons ("at < ?") see one
+			// format.
+			var at any = r.At
+			if !pg {
+				at = r.At.UTC().Format("2006-01-02 15:04:05.999999-07:00")
+			}
+			args = append(args, r.ID, r.OrganizationID, r.PolicyID, r.IssuerID, at, r.Outcome, r.FailedCheck,
+				r.Detail, r.Subject, r.SourceAddress, r.TokenID, r.APIKeyID)
+		}
+		if _, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, args...); err != nil {
 			return err
 		}
+		rows = rows[n:]
 	}
 	return tx.Commit()
 }

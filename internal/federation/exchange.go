@@ -6,7 +6,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rsa"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -370,17 +369,12 @@ func (s *Service) verifySignature(ctx context.Context, ks *keyStore, tok *Subjec
 // leeway) and nbf (with leeway) through jwt's validator, and returns the
 // seconds of life left.
 func (s *Service) checkTimes(tok *SubjectToken, now time.Time, leeway time.Duration) (float64, error) {
-	raw, ok := tok.Claims["exp"]
-	if !ok {
+	exp, ok := tok.Claims["exp"].(float64)
+	if _, present := tok.Claims["exp"]; !present {
 		return 0, errors.New("exp is missing")
 	}
-	n, ok := raw.(json.Number)
 	if !ok {
 		return 0, errors.New("exp is not a number")
-	}
-	exp, err := n.Float64()
-	if err != nil || math.IsInf(exp, 0) || math.IsNaN(exp) {
-		return 0, errors.New("exp is not a finite number")
 	}
 	v := jwt.NewValidator(jwt.WithExpirationRequired(), jwt.WithLeeway(leeway), jwt.WithTimeFunc(func() time.Time { return now }))
 	if err := v.Validate(jwt.MapClaims(tok.Claims)); err != nil {

@@ -91,6 +91,10 @@ func TestExchangeIssuesAccessToken(t *testing.T) {
 		if _, n := issued(t, f.exchange(t, p.token(t, kidRSA, c))); n < 598 || n > 600 {
 			t.Fatalf("float exp: expires_in %d", n)
 		}
+		// Neither the subject token nor the access token reaches the log.
+		if strings.Contains(f.Logs(), tok[strings.LastIndex(tok, ".")+1:]) {
+			t.Fatal("an access token reached the log")
+		}
 		// The audit lists the issued exchanges with their token ids.
 		rows := f.audit(t)
 		if len(rows) != 5 {

@@ -200,7 +200,7 @@ func (s *Service) tick(ctx context.Context) {
 func (s *Service) Close() {
 	s.stores.closeAll()
 	s.audit.flush(context.Background())
-	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.audit.stmt} {
+	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.audit.stmt, &s.audit.chunkStmt} {
 		if p.stmt != nil {
 			p.stmt.Close()
 		}

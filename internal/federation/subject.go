@@ -1,12 +1,10 @@
 package federation
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"unicode/utf8"
 )
@@ -71,11 +69,11 @@ func ParseSubjectToken(raw string) (*SubjectToken, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: signature is not base64url", errNotJWT)
 	}
-	header, err := decodeObject(hb, false)
+	header, err := decodeObject(hb)
 	if err != nil {
 		return nil, fmt.Errorf("%w: header: %v", errNotJWT, err)
 	}
-	claims, err := decodeObject(pb, true)
+	claims, err := decodeObject(pb)
 	if err != nil {
 		return nil, fmt.Errorf("%w: claims: %v", errNotJWT, err)
 	}
@@ -85,32 +83,14 @@ func ParseSubjectToken(raw string) (*SubjectToken, error) {
 	return t, nil
 }
 
-// decodeObject decodes one JSON object, with numbers kept as json.Number
-// when numbers is set,
-// refusing duplicate member names at its top level and trailing data. The
-// object is decoded in one call (the token-by-token API costs several
-// times more); duplicates are then found by counting the top-level names
-// in the bytes: more names than map entries means a name came twice.
-func decodeObject(b []byte, numbers bool) (map[string]any, error) {
-	if !utf8.Valid(b) {
-		return nil, errors.New("not UTF-8")
-	}
+// decodeObject decodes one JSON object, refusing duplicate member names at
+// its top level (json.Unmarshal refuses trailing data). The object is
+// decoded in one call; duplicates are then found by counting the
+// top-level names in the bytes: more names than map entries means a name
+// came twice. Numbers become float64, which NumericDate claims are.
+func decodeObject(b []byte) (map[string]any, error) {
 	var out map[string]any
-	var err error
-	if numbers {
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.UseNumber()
-		if err = dec.Decode(&out); err == nil {
-			if _, terr := dec.Token(); terr != io.EOF {
-				return nil, errors.New("data after the JSON object")
-			}
-		}
-	} else {
-		// The header needs no exact numbers; Unmarshal also refuses
-		// trailing data.
-		err = json.Unmarshal(b, &out)
-	}
-	if err != nil {
+	if err := json.Unmarshal(b, &out); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return nil, errors.New("not a JSON object")
@@ -119,6 +99,9 @@ func decodeObject(b []byte, numbers bool) (map[string]any, error) {
 	}
 	if out == nil {
 		return nil, errors.New("not a JSON object")
+	}
+	if !utf8.Valid(b) {
+		return nil, errors.New("not UTF-8")
 	}
 	if n := topLevelNames(b); n != len(out) {
 		return nil, errors.New("a member name appears twice")
