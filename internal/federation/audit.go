@@ -27,9 +27,9 @@ import (
 type auditWriter struct {
 	s *Service
 
-	once    sync.Once
-	queue   chan *store.FederationExchange
-	flushes chan chan struct{}
+	once      sync.Once
+	queue     chan *store.FederationExchange
+	flushes   chan chan struct{}
 	stmt      preparedStmt // one row
 	chunkStmt preparedStmt // auditChunk rows
 }
