@@ -171,27 +171,36 @@ func (s *Service) settings() Settings {
 func (s *Service) Run(ctx context.Context) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
-	s.tick(ctx)
+	s.Maintain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.tick(ctx)
+			s.Maintain(ctx)
 		}
 	}
 }
 
-func (s *Service) tick(ctx context.Context) {
+// Maintain does one pass of the periodic work: rotate signing keys, write
+// pending audit rows, drop key stores idle for an hour, delete audit rows
+// past retention and signing keys retired for a day (their private part
+// is no longer needed by anyone).
+func (s *Service) Maintain(ctx context.Context) {
 	now := s.now()
 	if err := s.signer.reload(ctx); err != nil {
 		s.log().ErrorContext(ctx, "federation: signing key rotation failed", "err", err)
 	}
+	s.audit.flush(ctx)
 	s.stores.sweep(now.Add(-time.Hour))
 	cfg := s.settings()
 	if _, err := s.DB.NewDelete().Model((*store.FederationExchange)(nil)).
 		Where("at < ?", now.Add(-cfg.AuditRetention)).Exec(ctx); err != nil {
 		s.log().ErrorContext(ctx, "federation: audit retention failed", "err", err)
+	}
+	if _, err := s.DB.NewDelete().Model((*store.SigningKey)(nil)).
+		Where("publish_until < ?", now.Add(-24*time.Hour)).Exec(ctx); err != nil {
+		s.log().ErrorContext(ctx, "federation: deleting retired signing keys failed", "err", err)
 	}
 }
 

@@ -152,5 +152,21 @@ func TestSigningKeyRotation(t *testing.T) {
 				t.Fatal("key material in the log")
 			}
 		}
+
+		// Maintenance a day later deletes the retired keys and the audit
+		// rows past the 30 days of retention, and keeps the rest.
+		clock.set(t0.Add(31 * 24 * time.Hour))
+		f.Server.Federation.Maintain(ctx)
+		var left []store.SigningKey
+		db.NewSelect().Model(&left).Scan(ctx)
+		// A and B are gone; C remains, with the key that succeeds it.
+		if len(left) != 2 || left[0].ID == rows[0].ID || left[0].ID == rows[1].ID || left[1].ID == rows[0].ID || left[1].ID == rows[1].ID {
+			t.Fatalf("signing keys after maintenance: %d", len(left))
+		}
+		// Cut-off t0 + 1 day: the exchanges at t0 and t0 + 23h55 go; those
+		// at t0 + 24h and t0 + 30 days stay.
+		if audit := f.audit(t); len(audit) != 2 {
+			t.Fatalf("audit rows after retention: %d", len(audit))
+		}
 	})
 }
