@@ -100,9 +100,9 @@ type Authenticator struct {
 	AccessTokenProcedures map[string]bool
 }
 
-// ErrAccessTokenRefused is the 403 of a route that does not take
+// AccessTokenRefused is the 403 of a route that does not take
 // federation access tokens (anything but inference).
-func ErrAccessTokenRefused() error {
+func AccessTokenRefused() error {
 	return apierr.Forbidden("federation access tokens are accepted only on inference routes; use an API key")
 }
 
@@ -114,7 +114,7 @@ func (a *Authenticator) connectPrincipal(ctx context.Context, header, procedure 
 		return nil, err
 	}
 	if p.AccessToken && !a.AccessTokenProcedures[procedure] {
-		return nil, ErrAccessTokenRefused()
+		return nil, AccessTokenRefused()
 	}
 	return p, nil
 }

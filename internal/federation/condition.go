@@ -72,11 +72,18 @@ func conditionError(format string, args ...any) *apierr.Error {
 	return apierr.BadRequest("condition: "+format, args...)
 }
 
-// CompileCondition parses and type-checks expr with the save-time rules:
+// CheckCondition applies the save-time rules to a condition; see
+// compileCondition.
+func CheckCondition(expr string) error {
+	_, err := compileCondition(expr)
+	return err
+}
+
+// compileCondition parses and type-checks expr with the save-time rules:
 // at most 2,000 characters, only the four variables, no matches(), no
 // nested comprehension macros, a boolean result. Each refusal is a 400
 // whose message names the rule broken.
-func CompileCondition(expr string) (*compiledCondition, error) {
+func compileCondition(expr string) (*compiledCondition, error) {
 	if n := utf8.RuneCountInString(expr); n > MaxCondition {
 		return nil, conditionError("must be at most %d characters, not %d", MaxCondition, n)
 	}
@@ -224,7 +231,7 @@ func (c *conditionCache) get(expr string) (*compiledCondition, error) {
 	if ok {
 		return cc, nil
 	}
-	cc, err := CompileCondition(expr)
+	cc, err := compileCondition(expr)
 	if err != nil {
 		return nil, err
 	}

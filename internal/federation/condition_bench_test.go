@@ -8,7 +8,7 @@ import "testing"
 //
 //	go test -run '^$' -bench BenchmarkCondition -count 10 ./internal/federation/
 func BenchmarkCondition(b *testing.B) {
-	cc, err := CompileCondition(`subject.startsWith("repo:acme/") && "cohort" in audience && scopes.exists(s, s == "deploy") && token_type != "refresh"`)
+	cc, err := compileCondition(`subject.startsWith("repo:acme/") && "cohort" in audience && scopes.exists(s, s == "deploy") && token_type != "refresh"`)
 	if err != nil {
 		b.Fatal(err)
 	}

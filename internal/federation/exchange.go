@@ -394,8 +394,8 @@ func (s *Service) checkTimes(tok *SubjectToken, now time.Time, leeway time.Durat
 	return remaining, nil
 }
 
-// exchangeResult is the spec's exchange response, field for field.
-type exchangeResult struct {
+// ExchangeResult is the spec's exchange response, field for field.
+type ExchangeResult struct {
 	AccessToken     string `json:"access_token"`
 	IssuedTokenType string `json:"issued_token_type"`
 	TokenType       string `json:"token_type"`
@@ -407,7 +407,7 @@ type exchangeResult struct {
 // after the policy is found is the one invalid_grant; its precise cause
 // goes to the organization's exchange audit. source is the caller's
 // address, for the audit.
-func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string) (*exchangeResult, error) {
+func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string) (*ExchangeResult, error) {
 	tok, err := ParseSubjectToken(req.SubjectToken)
 	if err != nil {
 		return nil, invalidRequest("subject_token is not a JWT")
@@ -461,7 +461,7 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 	}
 	rec.Outcome, rec.TokenID = "issued", jti
 	s.audit.record(ctx, rec)
-	return &exchangeResult{AccessToken: at, IssuedTokenType: TokenTypeAccessToken, TokenType: "Bearer",
+	return &ExchangeResult{AccessToken: at, IssuedTokenType: TokenTypeAccessToken, TokenType: "Bearer",
 		ExpiresIn: v.lifetime, Scope: scopeInference}, nil
 }
 

@@ -26,10 +26,11 @@ type OAuthError struct {
 	Status      int
 	Code        string
 	Description string
-	// RetryAfter, when positive, is sent as the Retry-After header.
+	// RetryAfterSeconds, when positive, is sent as Retry-After.
 	RetryAfterSeconds int
 }
 
+// Error implements error.
 func (e *OAuthError) Error() string { return e.Code + ": " + e.Description }
 
 func invalidRequest(format string, args ...any) *OAuthError {

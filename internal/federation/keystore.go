@@ -278,10 +278,3 @@ func (k *keyStores) closeAll() {
 		delete(k.stores, id)
 	}
 }
-
-// size is the number of live stores (for tests through Stats).
-func (k *keyStores) size() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.stores)
-}

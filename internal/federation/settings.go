@@ -281,7 +281,7 @@ func (s *Service) validatePolicy(ctx context.Context, db bun.IDB, orgID string, 
 		return apierr.BadRequest("a policy must set a subject, a condition, or both")
 	}
 	if pol.Condition != "" {
-		if _, err := CompileCondition(pol.Condition); err != nil {
+		if err := CheckCondition(pol.Condition); err != nil {
 			return err
 		}
 	}
@@ -495,7 +495,7 @@ func (s *Service) ValidateCondition(ctx context.Context, p *auth.Principal, expr
 	if err := requireAdmin(p); err != nil {
 		return nil, err
 	}
-	if _, err := CompileCondition(expr); err != nil {
+	if err := CheckCondition(expr); err != nil {
 		e := apierr.From(err)
 		if e.Status != 400 {
 			return nil, err

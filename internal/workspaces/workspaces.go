@@ -58,7 +58,7 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 		return nil, apierr.Unauthenticated("missing API key")
 	}
 	if p.AccessToken {
-		return nil, auth.ErrAccessTokenRefused()
+		return nil, auth.AccessTokenRefused()
 	}
 	if !p.IsManagement() {
 		return nil, apierr.Forbidden("creating a workspace requires a management key")
