@@ -276,6 +276,10 @@ func (d *Daemon) agentStderr(r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), 64<<10)
 	for sc.Scan() {
+		if b := sc.Bytes(); json.Valid(b) {
+			d.log.Info("agent", "log", json.RawMessage(append([]byte(nil), b...)))
+			continue
+		}
 		d.log.Info("agent", "stderr", sc.Text())
 	}
 }

@@ -3,6 +3,7 @@ package provision
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -267,6 +268,12 @@ func forwardLogs(p *Provisioner, id string, r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), 256<<10)
 	for sc.Scan() {
+		// A JSON line is nested as JSON, not as an escaped string, so the
+		// gateway's log stays one parseable object per line.
+		if b := sc.Bytes(); json.Valid(b) {
+			p.Log.Info("intern daemon", "intern", id, "log", json.RawMessage(append([]byte(nil), b...)))
+			continue
+		}
 		p.Log.Info("intern daemon", "intern", id, "line", sc.Text())
 	}
 }
