@@ -28,6 +28,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
 	federationFlags(fs, &cfg)
+	chatFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -66,7 +67,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
-	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir}
+	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir, AgentCommand: cfg.AgentCommand}
 	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
 	defer prov.Close()
 	if err := prov.Start(ctx); err != nil {
@@ -78,6 +79,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopFederation()
+	stopChat, err := startChat(ctx, srv, cfg)
+	if err != nil {
+		return err
+	}
+	defer stopChat()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

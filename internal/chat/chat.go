@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -49,17 +51,19 @@ type Daemons interface {
 	Client(ctx context.Context, in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
 }
 
-// Limiter decides whether one more turn may start for a key (a user or an
-// organization). Allow reports false when the turn is over the limit.
-type Limiter interface {
-	Allow(ctx context.Context, key string) (bool, error)
-}
+// DefaultTurnRate is the turn rate per user or organization when none is
+// configured (docs/decisions.md): 60 turns a minute, in bursts of 60.
+var DefaultTurnRate = ratelimit.PerMinute(60)
 
 // Service is the chat orchestration.
 type Service struct {
 	Interns *interns.Service
 	Daemons Daemons
-	Limiter Limiter
+	// Limiter counts new turns per RateKey: ratelimit.Memory in one
+	// process, ratelimit.Redis shared by replicas; nil allows every turn.
+	Limiter ratelimit.Limiter
+	// Log records limiter failures; nil discards them.
+	Log *slog.Logger
 	// FirstEventTimeout and EventTimeout override the defaults when > 0.
 	FirstEventTimeout time.Duration
 	EventTimeout      time.Duration
@@ -148,9 +152,14 @@ func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
 	}
 	if t.answer == nil && s.Limiter != nil {
-		ok, err := s.Limiter.Allow(ctx, RateKey(p))
+		ok, _, err := s.Limiter.Allow(ctx, RateKey(p))
 		if err != nil {
-			return nil, apierr.Internal(err)
+			// A limiter that failed (Redis down) does not take chat down
+			// with it: the turn goes ahead, and the failure is logged.
+			if s.Log != nil {
+				s.Log.Error("turn rate limiter failed; allowing the turn", "err", err)
+			}
+			ok = true
 		}
 		if !ok {
 			return nil, apierr.New(http.StatusTooManyRequests, "rate_limited", "too many turns; retry later")

@@ -15,6 +15,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -116,7 +117,7 @@ func newWorkspace(t *testing.T, e *env) string {
 
 func TestTurnRate(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db *bun.DB) {
-		e := newEnv(t, db, func(s *server.Server) { s.Chat.Limiter = chat.NewMemoryLimiter(2, time.Hour) })
+		e := newEnv(t, db, func(s *server.Server) { s.Chat.Limiter = memLimiter(t, 2) })
 		e.d.set(okScript, okScript)
 		for i := range 2 {
 			if status, body, _ := e.chat(t, userBody("hi")); status != 200 {
@@ -148,24 +149,31 @@ func TestRateKey(t *testing.T) {
 	}
 }
 
-func TestMemoryLimiterRefills(t *testing.T) {
-	now := time.Unix(0, 0)
-	l := chat.NewMemoryLimiter(2, time.Minute)
-	l.Now = func() time.Time { return now }
-	allow := func() bool { ok, _ := l.Allow(context.Background(), "k"); return ok }
-	if !allow() || !allow() || allow() {
-		t.Fatal("burst of 2 not enforced")
+// memLimiter is the production in-memory limiter allowing n turns an hour.
+func memLimiter(t *testing.T, n int) ratelimit.Limiter {
+	l, err := ratelimit.NewMemory(ratelimit.Rate{Events: n, Period: time.Hour, Burst: n}, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	now = now.Add(29 * time.Second)
-	if allow() {
-		t.Error("refilled too early")
+	return l
+}
+
+// failingLimiter is a limiter whose backend is down.
+type failingLimiter struct{}
+
+func (failingLimiter) Allow(context.Context, string) (bool, time.Duration, error) {
+	return false, 0, errors.New("redis: connection refused")
+}
+
+// A failed limiter (Redis down) lets turns through and says so in the log.
+func TestTurnRateLimiterDown(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t), func(s *server.Server) { s.Chat.Limiter = failingLimiter{} })
+	e.d.set(okScript, okScript)
+	if status, body, _ := e.chat(t, userBody("hi")); status != 200 {
+		t.Fatalf("%d %s", status, body)
 	}
-	now = now.Add(2 * time.Second)
-	if !allow() || allow() {
-		t.Error("one token after half the period")
-	}
-	if ok, _ := l.Allow(context.Background(), "other"); !ok {
-		t.Error("keys share a bucket")
+	if !strings.Contains(e.Logs(), "turn rate limiter failed") {
+		t.Error("the limiter failure is not logged")
 	}
 }
 
@@ -268,7 +276,7 @@ func TestAccessTokenActsAsKey(t *testing.T) {
 		var keyID string
 		e := newEnv(t, db, func(s *server.Server) {
 			s.Auth.Tokens = &lazyTokens{token: tok, keyID: &keyID}
-			s.Chat.Limiter = chat.NewMemoryLimiter(2, time.Hour)
+			s.Chat.Limiter = memLimiter(t, 2)
 		})
 		if err := db.NewSelect().Model((*store.APIKey)(nil)).Column("id").Where("kind = ?", store.KeyWorkspace).Limit(1).Scan(context.Background(), &keyID); err != nil {
 			t.Fatal(err)

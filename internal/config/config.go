@@ -41,6 +41,12 @@ type Config struct {
 	// ExchangeRate is the per-address token exchange limit: "N/s", "N/m"
 	// or "N/h", optionally ",burst=B".
 	ExchangeRate string
+	// TurnRate is the chat turn limit per user or organization, in the
+	// same form as ExchangeRate; shared through Redis when RedisURL is set.
+	TurnRate string
+	// AgentCommand, when set, is the ACP agent the local provisioner's
+	// daemons run instead of `cohort agent`.
+	AgentCommand string
 }
 
 // Default returns the defaults the README documents.
@@ -53,5 +59,6 @@ func Default() Config {
 		Provisioner:     "local",
 		TokenIssuer:     "cohort",
 		ExchangeRate:    "60/m",
+		TurnRate:        "60/m",
 	}
 }

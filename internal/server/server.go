@@ -20,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -66,7 +67,7 @@ func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    ins,
 		Vault:      &vault.Service{DB: db, KEK: kek, Interns: ins},
-		Chat:       &chat.Service{Interns: ins, Limiter: chat.NewMemoryLimiter(chat.DefaultTurnBurst, chat.DefaultTurnPeriod)},
+		Chat:       &chat.Service{Interns: ins, Limiter: mustMemoryLimiter(chat.DefaultTurnRate), Log: log},
 		Federation: fed,
 	}
 }
@@ -135,4 +136,13 @@ func HTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// mustMemoryLimiter is an in-process limiter for a rate known to be valid.
+func mustMemoryLimiter(r ratelimit.Rate) ratelimit.Limiter {
+	l, err := ratelimit.NewMemory(r, nil)
+	if err != nil {
+		panic(err)
+	}
+	return l
 }
