@@ -31,6 +31,7 @@ Usage:
   cohort migrate [flags]       apply database migrations and exit
   cohort intern  [flags]       run one intern's daemon (started by serve's local provisioner, or by you)
   cohort agent   [flags]       the built-in ACP agent on stdin/stdout
+  cohort bench chat [flags]    load figures of the chat path (docs/benchmarks.md)
 
 Run "cohort <command> -h" for a command's flags.
 `
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return internCmd(ctx, args[1:], stdout, stderr)
 	case "agent":
 		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
+	case "bench":
+		return benchCmd(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,532 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+)
+
+// benchCmd is `cohort bench`: load measurements of the chat path.
+//
+//	cohort bench chat         the measurements (docs/benchmarks.md, Chat)
+//	cohort bench mock-model   an OpenAI-compatible model that schedules chunks (child)
+//	cohort bench sse-serve    a bare Go SSE server, the reference (child)
+func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("bench: want chat, mock-model or sse-serve")
+	}
+	switch args[0] {
+	case "chat":
+		return benchChat(ctx, args[1:], stdout, stderr)
+	case "mock-model":
+		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
+	case "sse-serve":
+		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
+	default:
+		return fmt.Errorf("bench: unknown benchmark %q", args[0])
+	}
+}
+
+// benchServe serves h on a loopback port and prints the address first.
+func benchServe(ctx context.Context, h http.Handler, stdout io.Writer) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+	go func() { <-ctx.Done(); srv.Close() }()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// benchPrompt tells the mock model what to stream: n chunks, one every
+// interval, then stop (or hold the stream open with hang).
+func benchPrompt(n int, interval time.Duration, hang bool) string {
+	return fmt.Sprintf("bench n=%d interval=%s hang=%t", n, interval, hang)
+}
+
+var benchPromptRE = regexp.MustCompile(`bench n=(\d+) interval=(\S+) hang=(true|false)`)
+
+// mockModel is an OpenAI-compatible chat-completions endpoint whose
+// schedule is the last user message (benchPrompt).
+func mockModel(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content any    `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	n, interval, hang := 1, time.Duration(0), false
+	for _, m := range req.Messages {
+		if s, ok := m.Content.(string); ok && m.Role == "user" {
+			if g := benchPromptRE.FindStringSubmatch(s); g != nil {
+				n, _ = strconv.Atoi(g[1])
+				interval, _ = time.ParseDuration(g[2])
+				hang = g[3] == "true"
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	const pre = `data: {"id":"chatcmpl-mock","object":"chat.completion.chunk","created":1,"model":"bench/model","choices":[{"index":0,"delta":`
+	start := time.Now()
+	for i := range n {
+		if interval > 0 {
+			// A fixed schedule, not a fixed gap: slow writes do not drift it.
+			time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		}
+		if _, err := fmt.Fprintf(w, "%s{\"content\":\"token %06d \"},\"finish_reason\":null}]}\n\n", pre, i); err != nil {
+			return
+		}
+		fl.Flush()
+	}
+	if hang {
+		<-r.Context().Done()
+		return
+	}
+	fmt.Fprintf(w, "%s{},\"finish_reason\":\"stop\"}]}\n\n", pre)
+	fmt.Fprint(w, `data: {"id":"chatcmpl-mock","object":"chat.completion.chunk","created":1,"model":"bench/model","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":`+strconv.Itoa(n)+`,"total_tokens":`+strconv.Itoa(n+5)+"}}\n\ndata: [DONE]\n\n")
+	fl.Flush()
+}
+
+// bareSSE writes the request body as n `data:` events (query n), flushing
+// each, then [DONE]; with hang=1 it holds the stream open after them.
+func bareSSE(w http.ResponseWriter, r *http.Request) {
+	chunk, _ := io.ReadAll(r.Body)
+	n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	fl := w.(http.Flusher)
+	for range n {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", chunk); err != nil {
+			return
+		}
+		fl.Flush()
+	}
+	if r.URL.Query().Get("hang") == "1" {
+		<-r.Context().Done()
+		return
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// benchChild is a child process of the bench that printed its address.
+type benchChild struct {
+	cmd *exec.Cmd
+	url string
+}
+
+func startBenchChild(env []string, stderr io.Writer, args ...string) (*benchChild, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sent := false
+		for sc.Scan() {
+			if i := strings.Index(sc.Text(), "listening on http://"); i >= 0 && !sent {
+				f := strings.Fields(sc.Text()[i+len("listening on "):])
+				addr <- f[0]
+				sent = true
+			}
+		}
+		if !sent {
+			close(addr)
+		}
+	}()
+	select {
+	case u, ok := <-addr:
+		if !ok {
+			cmd.Wait()
+			return nil, fmt.Errorf("%v exited before listening", args)
+		}
+		return &benchChild{cmd: cmd, url: u}, nil
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("%v did not listen", args)
+	}
+}
+
+func (c *benchChild) stop() {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// cpu is the child's user+system CPU time so far (/proc, clock ticks of
+// 10 ms).
+func (c *benchChild) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// rss is the child's resident memory in bytes.
+func (c *benchChild) rss() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// bearer adds the daemon secret to every request.
+type bearer struct {
+	rt     http.RoundTripper
+	header string
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.header)
+	return b.rt.RoundTrip(r)
+}
+
+func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench chat", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	turns := fs.Int("turns", 300, "turns measured for time to first chunk, through each path")
+	chunks := fs.Int("chunks", 20000, "chunks of the relay-cost stream")
+	streams := fs.Int("streams", 32, "concurrent streams of the throughput run")
+	perStream := fs.Int("stream-chunks", 5000, "chunks per stream in the throughput run")
+	idle := fs.Int("idle-streams", 10000, "idle streams held open for the memory figure")
+	childLogs := fs.Bool("child-logs", false, "show the gateway's, daemon's and agent's logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// Every idle stream costs a descriptor in the bench and in each child.
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		lim.Cur = lim.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+		fmt.Fprintf(stdout, "RLIMIT_NOFILE %d\n", lim.Cur)
+	}
+	dir, err := os.MkdirTemp("", "cohort-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var children []*benchChild
+	defer func() {
+		for i := len(children) - 1; i >= 0; i-- {
+			children[i].stop()
+		}
+	}()
+	logs := io.Discard
+	if *childLogs {
+		logs = stderr
+	}
+	child := func(env []string, args ...string) (*benchChild, error) {
+		c, err := startBenchChild(env, logs, args...)
+		if err == nil {
+			children = append(children, c)
+		}
+		return c, err
+	}
+
+	mock, err := child(nil, "bench", "mock-model")
+	if err != nil {
+		return err
+	}
+	bare, err := child(nil, "bench", "sse-serve")
+	if err != nil {
+		return err
+	}
+	gdir := filepath.Join(dir, "gateway")
+	gw, err := child(nil, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
+		"--turn-rate", "1000000/s", "--log-level", "error")
+	if err != nil {
+		return err
+	}
+	var boot map[string]string
+	b, err := os.ReadFile(filepath.Join(gdir, "bootstrap.json"))
+	if err != nil {
+		return err
+	}
+	json.Unmarshal(b, &boot)
+	intern, key := boot["intern_id"], boot["workspace_key"]
+	const secret = "bench-daemon-secret"
+	secretFile := filepath.Join(dir, "secret")
+	os.WriteFile(secretFile, []byte(secret), 0o600)
+	daemon, err := child([]string{"COHORT_INTERN_SECRET=" + secret, "COHORT_AGENT_BASE_URL=" + mock.url + "/v1", "COHORT_AGENT_API_KEY=bench"},
+		"intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "daemon"), "--intern-id", intern,
+		"--model", "bench/model", "--log-level", "error")
+	if err != nil {
+		return err
+	}
+	self, _ := os.Executable()
+	reg := exec.Command(self, "admin", "intern", "register", "--id", intern, "--url", daemon.url, "--secret-file", secretFile, "--data-dir", gdir)
+	reg.Stderr = stderr
+	if err := reg.Run(); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true)
+	dclient := interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: bearer{&http.Transport{Protocols: &h2c}, "Bearer " + secret}}, daemon.url)
+	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
+	hclient := &http.Client{Transport: tr}
+	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"
+	var sessions atomic.Int64
+
+	// direct: one turn on the daemon alone; returns time to the first text.
+	direct := func(prompt string) (time.Duration, error) {
+		t0 := time.Now()
+		st, err := dclient.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{
+			SessionId: fmt.Sprintf("bench-%d", sessions.Add(1)), Prompt: prompt, ApprovalMode: pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE}))
+		if err != nil {
+			return 0, err
+		}
+		defer st.Close()
+		var first time.Duration
+		for st.Receive() {
+			if st.Msg().GetEvent().GetText() != nil && first == 0 {
+				first = time.Since(t0)
+			}
+		}
+		return first, st.Err()
+	}
+	// viaGateway: one turn through REST/SSE; onChunk sees every data line.
+	viaGateway := func(prompt string, hold bool, onChunk func(line []byte)) (time.Duration, *http.Response, error) {
+		body, _ := json.Marshal(map[string]any{"stream": true, "messages": []any{map[string]any{"role": "user", "content": prompt}}})
+		req, _ := http.NewRequestWithContext(ctx, "POST", chatURL, strings.NewReader(string(body)))
+		req.Header.Set("Authorization", "Bearer "+key)
+		t0 := time.Now()
+		res, err := hclient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		if res.StatusCode != 200 {
+			raw, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			return 0, nil, fmt.Errorf("gateway: %d %s", res.StatusCode, raw)
+		}
+		br := bufio.NewReaderSize(res.Body, 64<<10)
+		var first time.Duration
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				res.Body.Close()
+				if errors.Is(err, io.EOF) {
+					return first, nil, nil
+				}
+				return first, nil, err
+			}
+			if first == 0 && strings.Contains(string(line), `"content"`) {
+				first = time.Since(t0)
+				if hold {
+					return first, res, nil
+				}
+			}
+			if onChunk != nil && len(line) > 6 {
+				onChunk(line)
+			}
+		}
+	}
+
+	// 1. Time to the first chunk, the two paths interleaved.
+	var dTTFC, gTTFC []time.Duration
+	for i := range *turns + 20 {
+		d, err := direct(benchPrompt(1, 0, false))
+		if err != nil {
+			return fmt.Errorf("daemon turn: %w", err)
+		}
+		g, _, err := viaGateway(benchPrompt(1, 0, false), false, nil)
+		if err != nil {
+			return err
+		}
+		if i >= 20 { // warm-up
+			dTTFC, gTTFC = append(dTTFC, d), append(gTTFC, g)
+		}
+	}
+	pct := func(v []time.Duration, p float64) time.Duration {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(p*float64(len(s))))]
+	}
+	fmt.Fprintf(stdout, "\ntime to first chunk (%d turns each)        p50        p99\n", *turns)
+	fmt.Fprintf(stdout, "  daemon alone (Connect)          %10v %10v\n", pct(dTTFC, .5), pct(dTTFC, .99))
+	fmt.Fprintf(stdout, "  through the gateway (REST/SSE)  %10v %10v\n", pct(gTTFC, .5), pct(gTTFC, .99))
+	fmt.Fprintf(stdout, "  added by the gateway            %10v %10v\n", pct(gTTFC, .5)-pct(dTTFC, .5), pct(gTTFC, .99)-pct(dTTFC, .99))
+
+	// 2. Relay cost per chunk: the gateway's CPU per chunk relayed vs a
+	// bare Go SSE server's CPU per identical chunk written.
+	var sample []byte
+	var got atomic.Int64
+	cpu0 := gw.cpu()
+	if _, _, err := viaGateway(benchPrompt(*chunks, 0, false), false, func(l []byte) {
+		if got.Add(1) == 10 {
+			sample = append([]byte(nil), l...)
+		}
+	}); err != nil {
+		return err
+	}
+	gwCPU := gw.cpu() - cpu0
+	relayed := got.Load()
+	chunk := strings.TrimSuffix(strings.TrimPrefix(string(sample), "data: "), "\n")
+	cpu0 = bare.cpu()
+	res, err := hclient.Post(bare.url+"/?n="+strconv.FormatInt(relayed, 10), "application/json", strings.NewReader(chunk))
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	bareCPU := bare.cpu() - cpu0
+	perGW, perBare := gwCPU/time.Duration(relayed), bareCPU/time.Duration(relayed)
+	fmt.Fprintf(stdout, "\nrelay cost per chunk (%d chunks of %d bytes, CPU of the serving process)\n", relayed, len(chunk))
+	fmt.Fprintf(stdout, "  gateway relay                   %10v\n  bare Go SSE write               %10v\n  ratio                           %10.2f×\n",
+		perGW, perBare, float64(gwCPU)/float64(max(bareCPU, time.Millisecond)))
+
+	// 3. Throughput: concurrent streams through one gateway.
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, *streams)
+	cpu0 = gw.cpu()
+	t0 := time.Now()
+	for range *streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := viaGateway(benchPrompt(*perStream, 0, false), false, func([]byte) { total.Add(1) }); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	tpCPU := gw.cpu() - cpu0
+	select {
+	case err := <-errc:
+		return err
+	default:
+	}
+	fmt.Fprintf(stdout, "\nthroughput (%d streams × %d chunks, one gateway)\n", *streams, *perStream)
+	fmt.Fprintf(stdout, "  chunks/s end to end             %10.0f\n", float64(total.Load())/elapsed.Seconds())
+	fmt.Fprintf(stdout, "  gateway CPU per chunk           %10v  (%.0f chunks/s per core)\n",
+		tpCPU/time.Duration(max(total.Load(), 1)), float64(total.Load())/max(tpCPU.Seconds(), 0.01))
+
+	// 4. Memory of idle streams: the gateway's and a bare SSE server's RSS
+	// growth per open stream, side by side.
+	idleStreams := func(open func() (*http.Response, error), proc *benchChild) (int, int64, []*http.Response, error) {
+		base := proc.rss()
+		var mu sync.Mutex
+		var held []*http.Response
+		var firstErr error
+		sem := make(chan struct{}, 64)
+		var wg sync.WaitGroup
+		for range *idle {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				res, err := open()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					return
+				}
+				held = append(held, res)
+			}()
+		}
+		wg.Wait()
+		time.Sleep(2 * time.Second) // let the process settle before reading RSS
+		return len(held), proc.rss() - base, held, firstErr
+	}
+	closeAll := func(rs []*http.Response) {
+		for _, r := range rs {
+			r.Body.Close()
+		}
+	}
+	itr := &http.Transport{MaxConnsPerHost: 0, DisableKeepAlives: true}
+	iclient := &http.Client{Transport: itr}
+	n1, grow1, held, err1 := idleStreams(func() (*http.Response, error) {
+		_, res, err := viaGateway(benchPrompt(1, 0, true), true, nil)
+		return res, err
+	}, gw)
+	closeAll(held)
+	n2, grow2, held, err2 := idleStreams(func() (*http.Response, error) {
+		res, err := iclient.Post(bare.url+"/?n=1&hang=1", "application/json", strings.NewReader(chunk))
+		if err != nil {
+			return nil, err
+		}
+		br := bufio.NewReader(res.Body)
+		if _, err := br.ReadString('\n'); err != nil {
+			res.Body.Close()
+			return nil, err
+		}
+		return res, nil
+	}, bare)
+	closeAll(held)
+	fmt.Fprintf(stdout, "\nidle streams (asked %d)                 open   RSS growth   per stream\n", *idle)
+	fmt.Fprintf(stdout, "  gateway                         %8d %10.1f MB %9.1f KB\n", n1, float64(grow1)/(1<<20), float64(grow1)/float64(max(n1, 1))/1024)
+	fmt.Fprintf(stdout, "  bare Go SSE                     %8d %10.1f MB %9.1f KB\n", n2, float64(grow2)/(1<<20), float64(grow2)/float64(max(n2, 1))/1024)
+	if err1 != nil {
+		fmt.Fprintf(stdout, "  (gateway: first failure: %v)\n", err1)
+	}
+	if err2 != nil {
+		fmt.Fprintf(stdout, "  (bare: first failure: %v)\n", err2)
+	}
+	return nil
+}
