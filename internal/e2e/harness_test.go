@@ -184,6 +184,13 @@ func newCluster(t *testing.T, dbURL string, serveArgs ...string) (*cluster, *pro
 		c.dbArgs = append(c.dbArgs, "--database-url", dbURL)
 	}
 	g := c.Gateway(t, serveArgs...)
+	c.load(t)
+	return c, g
+}
+
+// load reads the bootstrap file the first gateway wrote.
+func (c *cluster) load(t *testing.T) {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(c.dataDir, "bootstrap.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -193,18 +200,23 @@ func newCluster(t *testing.T, dbURL string, serveArgs ...string) (*cluster, *pro
 		t.Fatal(err)
 	}
 	c.Org, c.WS, c.WK, c.MK, c.Demo = boot["organization_id"], boot["workspace_id"], boot["workspace_key"], boot["management_key"], boot["intern_id"]
-	return c, g
 }
 
 // Gateway starts one `cohort serve` on the cluster's database with the
 // remote provisioner unless serveArgs say otherwise.
 func (c *cluster) Gateway(t *testing.T, serveArgs ...string) *proc {
 	t.Helper()
+	return c.GatewayEnv(t, nil, serveArgs...)
+}
+
+// GatewayEnv is Gateway with extra environment for the gateway process.
+func (c *cluster) GatewayEnv(t *testing.T, env []string, serveArgs ...string) *proc {
+	t.Helper()
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, c.dbArgs...)
 	if !hasFlag(serveArgs, "--provisioner") {
 		args = append(args, "--provisioner", "remote")
 	}
-	return start(t, "gateway", nil, append(args, serveArgs...)...)
+	return start(t, "gateway", env, append(args, serveArgs...)...)
 }
 
 func hasFlag(args []string, f string) bool {

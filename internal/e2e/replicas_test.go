@@ -1,9 +1,11 @@
 package e2e_test
 
 import (
+	"io"
 	"strings"
 	"testing"
 
+	"github.com/cohort-dev/cohort/internal/agent/agenttest"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
 
@@ -80,5 +82,36 @@ func TestLocalPauseLostOnGatewayRestart(t *testing.T) {
 	r := readAll(t, chat(t, gw, c.WK, c.Demo, user("still there", `"session_id":`+jsonStr(s.Session))))
 	if r.Finish != "stop" {
 		t.Fatalf("new turn in the session: %q", r.Finish)
+	}
+}
+
+// The README's "point an intern at a real model" with the local provisioner:
+// the endpoint and key come from the gateway's COHORT_AGENT_* environment,
+// the model from the intern record, changed through UpdateIntern.
+func TestLocalInternOnUpstreamModel(t *testing.T) {
+	up := agenttest.NewUpstream(t, agenttest.Answer(upModel, 4, 2, "from the upstream"))
+	dataDir := t.TempDir()
+	c := &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
+	gw := c.GatewayEnv(t, upstreamEnv(up), "--provisioner", "local")
+	c.load(t)
+	connectCall(t, gw, c.MK, "UpdateIntern", `{"id":"`+c.Demo+`","model":"`+upModel+`"}`)
+	eventually(t, "the intern answers from the upstream model", func() bool {
+		res := chat(t, gw, c.WK, c.Demo, user("hello upstream"))
+		if res.StatusCode != 200 {
+			io.Copy(io.Discard, res.Body)
+			return false
+		}
+		s := readAll(t, res)
+		if s.Text == "from the upstream" && s.Finish == "stop" {
+			return true
+		}
+		if !strings.Contains(s.Text, "cohort/demo") {
+			t.Fatalf("neither demo nor upstream: %q", s.Text)
+		}
+		return false // the daemon still on the old model
+	})
+	reqs, auths := up.Requests(), up.Authorizations()
+	if len(reqs) != 1 || reqs[0]["model"] != upModel || auths[0] != "Bearer e2e-upstream-key" {
+		t.Fatalf("upstream saw %v %v", reqs, auths)
 	}
 }
