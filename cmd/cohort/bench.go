@@ -245,7 +245,8 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("bench chat", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	turns := fs.Int("turns", 300, "turns measured for time to first chunk, through each path")
-	chunks := fs.Int("chunks", 20000, "chunks of the relay-cost stream")
+	chunks := fs.Int("chunks", 60000, "chunks the model sends on the relay-cost stream")
+	bareChunks := fs.Int("bare-chunks", 500000, "chunks the bare SSE server writes for its CPU per chunk")
 	streams := fs.Int("streams", 32, "concurrent streams of the throughput run")
 	perStream := fs.Int("stream-chunks", 5000, "chunks per stream in the throughput run")
 	idle := fs.Int("idle-streams", 10000, "idle streams held open for the memory figure")
@@ -424,17 +425,20 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	relayed := got.Load()
 	chunk := strings.TrimSuffix(strings.TrimPrefix(string(sample), "data: "), "\n")
 	cpu0 = bare.cpu()
-	res, err := hclient.Post(bare.url+"/?n="+strconv.FormatInt(relayed, 10), "application/json", strings.NewReader(chunk))
+	// CPU time comes in 10 ms ticks: the bare server writes many chunks so
+	// its per-chunk figure is not a rounding artefact.
+	res, err := hclient.Post(bare.url+"/?n="+strconv.Itoa(*bareChunks), "application/json", strings.NewReader(chunk))
 	if err != nil {
 		return err
 	}
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
 	bareCPU := bare.cpu() - cpu0
-	perGW, perBare := gwCPU/time.Duration(relayed), bareCPU/time.Duration(relayed)
-	fmt.Fprintf(stdout, "\nrelay cost per chunk (%d chunks of %d bytes, CPU of the serving process)\n", relayed, len(chunk))
-	fmt.Fprintf(stdout, "  gateway relay                   %10v\n  bare Go SSE write               %10v\n  ratio                           %10.2f×\n",
-		perGW, perBare, float64(gwCPU)/float64(max(bareCPU, time.Millisecond)))
+	perGW := float64(gwCPU) / float64(relayed)
+	perBare := float64(bareCPU) / float64(*bareChunks)
+	fmt.Fprintf(stdout, "\nrelay cost per chunk (CPU of the serving process; sample chunk %d bytes)\n", len(chunk))
+	fmt.Fprintf(stdout, "  gateway relay (%7d chunks)   %10v\n  bare Go SSE write (%7d)      %10v\n  ratio                           %10.2f×\n",
+		relayed, time.Duration(perGW), *bareChunks, time.Duration(perBare), perGW/max(perBare, 1))
 
 	// 3. Throughput: concurrent streams through one gateway.
 	var total atomic.Int64

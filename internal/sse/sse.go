@@ -93,7 +93,7 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 
-	items := make(chan item)
+	items := make(chan item, 16)
 	stop := make(chan struct{})
 	defer close(stop)
 	go pump(src, items, stop)
@@ -115,13 +115,35 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	for {
 		select {
 		case it := <-items:
-			if it.err == io.EOF {
-				return write(done)
+			// Take every chunk that is already waiting, then write and
+			// flush once: a caller that lags behind a fast intern costs one
+			// write (and one deadline reset) per batch, not per chunk.
+			buf = buf[:0]
+			for {
+				if it.err != nil {
+					if len(buf) > 0 {
+						if err := write(buf); err != nil {
+							return err
+						}
+					}
+					if it.err == io.EOF {
+						return write(done)
+					}
+					return it.err
+				}
+				buf = Event(buf, it.c)
+				more := false
+				if len(buf) < maxBatch {
+					select {
+					case it = <-items:
+						more = true
+					default:
+					}
+				}
+				if !more {
+					break
+				}
 			}
-			if it.err != nil {
-				return it.err
-			}
-			buf = Event(buf[:0], it.c)
 			if err := write(buf); err != nil {
 				return err
 			}
@@ -136,8 +158,9 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	}
 }
 
-// pump reads src on its own goroutine so a silent source cannot delay a
-// keepalive. It stops after the first error or when Serve has returned.
+// maxBatch bounds the bytes written in one batch.
+const maxBatch = 32 << 10
+
 func pump(src Source, out chan<- item, stop <-chan struct{}) {
 	for {
 		c, err := src.Next()
