@@ -65,9 +65,10 @@ func TestRunStates(t *testing.T) {
 	t.Run("paused, caller leaves, tool reply resumes the same run under its original mode", func(t *testing.T) {
 		t.Parallel()
 		d := c.Daemon(t, c.NewIntern(t, "pause"), nil)
-		s := readAll(t, chat(t, gw, key, d.id, user("$ echo resumed-e2e", `"approval_mode":"manual"`)))
-		// The body is read through [DONE] and closed by readAll's caller
-		// cleanup: the caller has left after the pause.
+		res := chatVia(t, context.Background(), hangUp, gw, key, d.id, user("$ echo resumed-e2e", `"approval_mode":"manual"`))
+		s := readAll(t, res)
+		// The caller leaves after [DONE]: the connection closes.
+		res.Body.Close()
 		if s.Finish != "tool_calls" || s.Args["kind"] != "permission" || s.Args["operation"] != "shell" || s.Usage != nil {
 			t.Fatalf("pause %q %v %v", s.Finish, s.Args, s.Usage)
 		}

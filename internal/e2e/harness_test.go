@@ -316,10 +316,19 @@ func chat(t *testing.T, gw *proc, key, intern, body string) *http.Response {
 
 func chatCtx(t *testing.T, ctx context.Context, gw *proc, key, intern, body string) *http.Response {
 	t.Helper()
+	return chatVia(t, ctx, http.DefaultClient, gw, key, intern, body)
+}
+
+// hangUp is a client whose connection closes with each response: a caller
+// that leaves once it has read the stream.
+var hangUp = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+func chatVia(t *testing.T, ctx context.Context, client *http.Client, gw *proc, key, intern, body string) *http.Response {
+	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL+"/api/v1/interns/"+intern+"/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
+	res, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
