@@ -807,3 +807,24 @@ func TestFinishedRunEventsExpire(t *testing.T) {
 	_, err = e.attach(t, "s", run, 1)
 	wantErr(t, err, 410, "attachment_failed")
 }
+
+// A question outlives the daemon process that asked it only as a record:
+// after a restart the reply is 409 interaction_not_pending (the run ended
+// with the process), while an id the session never asked stays 404.
+func TestRestartEndsPausedRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "asked", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs).GetId()
+	e.srv.Close()
+	e.d.Close()
+
+	e2 := startEnv(t, e.cfg)
+	_, err = e2.answer(t, "asked", ia, "allow_once")
+	wantErr(t, err, 409, "interaction_not_pending")
+	_, err = e2.answer(t, "asked", "never-asked", "allow_once")
+	wantErr(t, err, 404, "interaction_unknown")
+	_, err = e2.answer(t, "other-session", ia, "allow_once")
+	wantErr(t, err, 404, "interaction_unknown")
+}
