@@ -1,9 +1,15 @@
 package apierr_test
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"connectrpc.com/connect"
 
@@ -50,5 +56,28 @@ func TestConnectRoundTrip(t *testing.T) {
 	// A Connect error from elsewhere without our detail keeps a status from its code.
 	if got := apierr.FromConnect(connect.NewError(connect.CodeUnavailable, errors.New("down"))); got.Status != http.StatusServiceUnavailable {
 		t.Fatalf("%+v", got)
+	}
+}
+
+// A handler ending because its caller hung up is not logged as a server
+// fault; a real fault still is.
+func TestInterceptorCallerGone(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ic := apierr.ConnectInterceptor(log)
+	call := func(ctx context.Context, err error) {
+		h := ic.WrapUnary(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) { return nil, err })
+		h(ctx, connect.NewRequest(&emptypb.Empty{}))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	call(ctx, context.Canceled)
+	if strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "status=499") {
+		t.Fatalf("caller gone: %s", buf.String())
+	}
+	buf.Reset()
+	call(context.Background(), errors.New("disk full"))
+	if !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "status=500") {
+		t.Fatalf("fault: %s", buf.String())
 	}
 }

@@ -109,6 +109,14 @@ func (i interceptor) convert(ctx context.Context, procedure string, err error) e
 	if err == nil {
 		return nil
 	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled) {
+		// The caller hung up: not a fault of ours (logged as 499, as
+		// the REST doors do), and nobody reads the answer.
+		if i.log != nil {
+			i.log.InfoContext(ctx, "request cancelled by the caller", "procedure", procedure, "status", 499)
+		}
+		return ToConnect(err)
+	}
 	if e := From(err); e.Status >= 500 && i.log != nil {
 		i.log.ErrorContext(ctx, "request failed", "procedure", procedure, "status", e.Status, "reason", e.Reason, "err", e.Cause)
 	}
