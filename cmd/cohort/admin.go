@@ -36,6 +36,7 @@ type adminEnv struct {
 
 type adminFlags struct {
 	org, user, workspace, id, name, slug, email, role, kind, model, description string
+	url, secretFile                                                             string
 	internsProgramme, workloadIdentity, vaultWrites                             bool
 }
 
@@ -234,10 +235,11 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ins)...)
 	}},
-	"intern get":     {"--org ID --id INTERN_ID", internOp((*interns.Service).Get)},
-	"intern suspend": {"--org ID --id INTERN_ID", internOp((*interns.Service).Suspend)},
-	"intern resume":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Resume)},
-	"intern delete":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Delete)},
+	"intern register": {"--id INTERN_ID --url URL --secret-file FILE   (a remote daemon: cohort serve --provisioner remote)", internRegister},
+	"intern get":      {"--org ID --id INTERN_ID", internOp((*interns.Service).Get)},
+	"intern suspend":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Suspend)},
+	"intern resume":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Resume)},
+	"intern delete":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Delete)},
 	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M]", func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
@@ -323,7 +325,8 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&e.json, "json", false, "print JSON")
 	for flagName, p := range map[string]*string{"org": &f.org, "user": &f.user, "workspace": &f.workspace, "id": &f.id, "name": &f.name,
-		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "description": &f.description} {
+		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "description": &f.description,
+		"url": &f.url, "secret-file": &f.secretFile} {
 		fs.StringVar(p, flagName, "", flagName)
 	}
 	fs.BoolVar(&f.internsProgramme, "interns-programme", false, "entitlement: the interns programme")

@@ -29,6 +29,7 @@ Usage:
   cohort serve   [flags]       run the gateway
   cohort admin   <noun> <verb> the operator's CLI (cohort admin help)
   cohort migrate [flags]       apply database migrations and exit
+  cohort intern  [flags]       run one intern's daemon (started by serve's local provisioner, or by you)
   cohort agent   [flags]       the built-in ACP agent on stdin/stdout
 
 Run "cohort <command> -h" for a command's flags.
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return admin(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		return migrateCmd(ctx, args[1:], stdout, stderr)
+	case "intern":
+		return internCmd(ctx, args[1:], stdout, stderr)
 	case "agent":
 		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "help", "-h", "--help":

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/server"
 )
 
@@ -23,10 +24,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.Provisioner != provision.Local && cfg.Provisioner != provision.Remote {
+		return fmt.Errorf("--provisioner must be local or remote, not %q", cfg.Provisioner)
 	}
 	cfg.RegionalHosts = splitList(*regional)
 	log, err := newLogger(stderr, cfg.LogLevel)
@@ -60,6 +65,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
+	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir}
+	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
+	defer prov.Close()
+	if err := prov.Start(ctx); err != nil {
+		return fmt.Errorf("start interns: %w", err)
+	}
 	srv.Vault.RegionalHosts = cfg.RegionalHosts
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

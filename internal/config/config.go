@@ -25,6 +25,9 @@ type Config struct {
 	RegionalHosts []string
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// Provisioner hosts interns: "local" (daemons started by the gateway)
+	// or "remote" (daemons registered by the operator).
+	Provisioner string
 }
 
 // Default returns the defaults the README documents.
@@ -34,5 +37,6 @@ func Default() Config {
 		DataDir:         "./.cohort",
 		LogLevel:        "info",
 		ShutdownTimeout: 10 * time.Second,
+		Provisioner:     "local",
 	}
 }

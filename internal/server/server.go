@@ -18,6 +18,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -36,7 +37,11 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
-	Vault      *vault.Service
+	// Provisioner hosts interns' daemons and dials them (the chat gateway
+	// uses its Client). Nil until cmd/cohort (or a test) sets it, together
+	// with Interns.Lifecycle.
+	Provisioner *provision.Provisioner
+	Vault       *vault.Service
 	// Chat is the chat orchestration; its Daemons is set by the provisioner.
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.

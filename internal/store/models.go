@@ -119,4 +119,10 @@ type Intern struct {
 	CreatedBy      string     `bun:"created_by,notnull"`
 	CreatedAt      time.Time  `bun:"created_at,notnull"`
 	UpdatedAt      *time.Time `bun:"updated_at"`
+	// DaemonURL is where the intern's daemon listens (internal/provision).
+	DaemonURL string `bun:"daemon_url,notnull"`
+	// DaemonSecret is the daemon's secret wrapped by the KEK, base64.
+	DaemonSecret string `bun:"daemon_secret,notnull"`
+	// Provisioner is "local" or "remote", or "" before one took the intern.
+	Provisioner string `bun:"provisioner,notnull"`
 }

@@ -581,11 +581,14 @@ type StatusResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	InternId string                 `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
 	// The ACP agent's name and version as it reported them at initialize.
-	Agent         string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
-	Model         string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	Sessions      int32  `protobuf:"varint,4,opt,name=sessions,proto3" json:"sessions,omitempty"`
-	LiveRuns      int32  `protobuf:"varint,5,opt,name=live_runs,json=liveRuns,proto3" json:"live_runs,omitempty"`
-	PausedRuns    int32  `protobuf:"varint,6,opt,name=paused_runs,json=pausedRuns,proto3" json:"paused_runs,omitempty"`
+	Agent      string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	Model      string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	Sessions   int32  `protobuf:"varint,4,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	LiveRuns   int32  `protobuf:"varint,5,opt,name=live_runs,json=liveRuns,proto3" json:"live_runs,omitempty"`
+	PausedRuns int32  `protobuf:"varint,6,opt,name=paused_runs,json=pausedRuns,proto3" json:"paused_runs,omitempty"`
+	// Why the agent is not available (it exited, or never answered
+	// initialize); empty while it is up. The daemon itself stays up.
+	AgentError    string `protobuf:"bytes,7,opt,name=agent_error,json=agentError,proto3" json:"agent_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -660,6 +663,13 @@ func (x *StatusResponse) GetPausedRuns() int32 {
 		return x.PausedRuns
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetAgentError() string {
+	if x != nil {
+		return x.AgentError
+	}
+	return ""
 }
 
 // RunEvent is one numbered event of a run.
@@ -1444,7 +1454,7 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\".\n" +
 	"\x0eCancelResponse\x12\x1c\n" +
 	"\tcancelled\x18\x01 \x01(\bR\tcancelled\"\x0f\n" +
-	"\rStatusRequest\"\xb3\x01\n" +
+	"\rStatusRequest\"\xd4\x01\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x14\n" +
@@ -1452,7 +1462,9 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"\bsessions\x18\x04 \x01(\x05R\bsessions\x12\x1b\n" +
 	"\tlive_runs\x18\x05 \x01(\x05R\bliveRuns\x12\x1f\n" +
 	"\vpaused_runs\x18\x06 \x01(\x05R\n" +
-	"pausedRuns\"\xb2\x03\n" +
+	"pausedRuns\x12\x1f\n" +
+	"\vagent_error\x18\a \x01(\tR\n" +
+	"agentError\"\xb2\x03\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x14\n" +

@@ -1,0 +1,428 @@
+// Package internd is one intern's daemon (`cohort intern`). It owns the
+// intern's sessions (persisted in its data directory), its runs (in memory,
+// each with a numbered event log kept up to a retention bound), the pending
+// interactions and their deadlines. Toward the gateway it serves
+// cohort.internd.v1.InternDaemonService (Connect, h2c), authenticated by the
+// intern's secret; toward the agent it is the Agent Client Protocol client
+// of a subprocess speaking ACP over stdio.
+package internd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+)
+
+// Limits of the daemon protocol (the spec's Limits table).
+const (
+	MaxSessionID     = 256
+	MaxPrompt        = 32000
+	MaxInteractionID = 128
+	// runsPerSession is how many finished runs a session keeps for Attach
+	// and for telling a late answer "not pending" from "unknown".
+	runsPerSession = 16
+)
+
+// Config configures a daemon. Zero values take the documented defaults.
+type Config struct {
+	// InternID names the intern in Status and logs.
+	InternID string
+	// Secret is the bearer token every call must carry.
+	Secret string
+	// DataDir holds the sessions and the agent's working directory.
+	DataDir string
+	// AgentCommand is the agent's argv (ACP over stdio).
+	AgentCommand []string
+	// AgentEnv is added to the agent's environment.
+	AgentEnv []string
+	// Model is the model configured on the intern, passed to the agent.
+	Model string
+	// InteractionDeadline is how long a question waits (default 5 minutes).
+	InteractionDeadline time.Duration
+	// RetainEvents and RetainBytes bound each run's event log
+	// (defaults 10,000 events and 4 MiB).
+	RetainEvents int
+	RetainBytes  int
+	// MaxPausedRuns bounds the runs held open across a question (default 256).
+	MaxPausedRuns int
+	// FinishedRunTTL is how long an ended run's events stay for Attach
+	// (default 10 minutes); then only its outcome is remembered.
+	FinishedRunTTL time.Duration
+	// InitTimeout bounds the agent's answer to initialize (default 30 s).
+	InitTimeout time.Duration
+	// CancelGrace is how long a cancelled turn waits for the agent to
+	// confirm before the daemon abandons the agent's prompt (default 5 s).
+	CancelGrace time.Duration
+	// Log receives the daemon's logs; nil discards them.
+	Log *slog.Logger
+	// Now is the clock (tests); nil is time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.InteractionDeadline <= 0 {
+		c.InteractionDeadline = 5 * time.Minute
+	}
+	if c.RetainEvents <= 0 {
+		c.RetainEvents = 10000
+	}
+	if c.RetainBytes <= 0 {
+		c.RetainBytes = 4 << 20
+	}
+	if c.MaxPausedRuns <= 0 {
+		c.MaxPausedRuns = 256
+	}
+	if c.FinishedRunTTL <= 0 {
+		c.FinishedRunTTL = 10 * time.Minute
+	}
+	if c.InitTimeout <= 0 {
+		c.InitTimeout = 30 * time.Second
+	}
+	if c.CancelGrace <= 0 {
+		c.CancelGrace = 5 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Daemon is one intern's daemon.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	store *fileStore
+	work  string
+
+	// agentMu serializes starting the agent.
+	agentMu sync.Mutex
+
+	mu       sync.Mutex
+	agent    *agentProc // nil while no agent is up
+	agentErr string
+	agentID  string // name and version the agent reported
+	sessions map[string]*session
+	byACP    map[string]*session
+	closed   bool
+
+	// turns counts runTurn goroutines, so Close returns only when every
+	// turn has recorded its end.
+	turns sync.WaitGroup
+
+	live   atomic.Int32 // runs streaming
+	paused atomic.Int32 // runs held open across a question
+}
+
+// session is one conversation, scoped to the intern. Guarded by Daemon.mu.
+type session struct {
+	rec     *sessionRecord
+	acpGen  uint64 // agent generation rec.ACPSessionID belongs to; 0 = none yet
+	model   string // the agent's current model id for the session, if it reported one
+	busy    bool   // a turn is in flight (streaming or paused)
+	current *run
+	runs    []*run          // recent runs, oldest first
+	byIA    map[string]*run // interaction id → run that asked
+}
+
+// New opens the daemon's data directory and loads its sessions. It does not
+// start the agent: that happens on Start (or on the first turn), so a broken
+// agent never keeps the daemon from serving Status.
+func New(cfg Config) (*Daemon, error) {
+	cfg.defaults()
+	if cfg.Secret == "" {
+		return nil, errors.New("internd: a secret is required")
+	}
+	if len(cfg.AgentCommand) == 0 {
+		return nil, errors.New("internd: an agent command is required")
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("internd: a data directory is required")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DataDir = dir
+	fs, err := newFileStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	work := filepath.Join(dir, "work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Log, store: fs, work: work,
+		sessions: map[string]*session{}, byACP: map[string]*session{}}
+	recs, errs := fs.loadAll()
+	for _, err := range errs {
+		d.log.Error("session file skipped", "err", err)
+	}
+	for _, rec := range recs {
+		rec.Turns = nil // history stays on disk
+		d.sessions[rec.ID] = &session{rec: rec, byIA: map[string]*run{}}
+	}
+	return d, nil
+}
+
+// Start starts the agent and reports whether it came up. A failure is not
+// fatal: the daemon keeps serving, Status reports it, and the next turn
+// tries again.
+func (d *Daemon) Start(ctx context.Context) error {
+	_, err := d.ensureAgent(ctx)
+	return err
+}
+
+// Close cancels every run and stops the agent.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	var runs []*run
+	for _, s := range d.sessions {
+		if s.current != nil {
+			runs = append(runs, s.current)
+		}
+	}
+	a := d.agent
+	d.mu.Unlock()
+	for _, r := range runs {
+		d.cancelRun(r, errRunEnded("the intern daemon is shutting down"))
+	}
+	if a != nil {
+		// Killing the agent ends every prompt still waiting on it.
+		a.stop()
+	}
+	d.turns.Wait()
+	return nil
+}
+
+func (d *Daemon) now() time.Time { return d.cfg.Now() }
+
+func newInteractionID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "call_" + hex.EncodeToString(b[:])
+}
+
+// Status reports health, agent and counts.
+func (d *Daemon) Status() *pb.StatusResponse {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return &pb.StatusResponse{InternId: d.cfg.InternID, Agent: d.agentID, Model: d.cfg.Model,
+		Sessions: int32(len(d.sessions)), LiveRuns: d.live.Load(), PausedRuns: d.paused.Load(), AgentError: d.agentErr}
+}
+
+// checkSessionID applies the 1 to 256 character bound (empty allowed where
+// a fresh id is chosen).
+func checkSessionID(id string, emptyOK bool) error {
+	n := utf8.RuneCountInString(id)
+	if (n == 0 && !emptyOK) || n > MaxSessionID || !utf8.ValidString(id) {
+		return apierr.BadRequest("session_id must be 1 to %d characters", MaxSessionID)
+	}
+	return nil
+}
+
+// StartTurn starts a run in a session and returns it with the caller
+// attached. It refuses before any event: a bad request (400), a session
+// with a turn in flight (busy 409), too many paused runs (busy 503), an
+// agent that cannot be reached or refuses the session (turn_failed 502).
+func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run, error) {
+	if err := checkSessionID(req.GetSessionId(), true); err != nil {
+		return nil, err
+	}
+	prompt := req.GetPrompt()
+	if !utf8.ValidString(prompt) || utf8.RuneCountInString(prompt) > MaxPrompt {
+		return nil, apierr.BadRequest("prompt must be valid UTF-8 of at most %d characters", MaxPrompt)
+	}
+	mode := req.GetApprovalMode()
+	switch mode {
+	case pb.ApprovalMode_APPROVAL_MODE_MANUAL, pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE:
+	case pb.ApprovalMode_APPROVAL_MODE_UNSPECIFIED:
+		// The spec's default is self-drive.
+		mode = pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE
+	default:
+		return nil, apierr.BadRequest("unknown approval_mode %d", mode)
+	}
+	id := req.GetSessionId()
+	if id == "" {
+		id = uuid.NewString()
+	}
+
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+	}
+	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
+		d.mu.Unlock()
+		return nil, apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later")
+	}
+	s := d.sessions[id]
+	if s == nil {
+		now := d.now().UTC()
+		s = &session{rec: &sessionRecord{ID: id, CreatedAt: now, UpdatedAt: now}, byIA: map[string]*run{}}
+		d.sessions[id] = s
+	}
+	if s.busy {
+		d.mu.Unlock()
+		return nil, apierr.Conflict("busy", "another turn is running in this session")
+	}
+	s.busy = true
+	d.mu.Unlock()
+
+	release := func() {
+		d.mu.Lock()
+		s.busy = false
+		d.mu.Unlock()
+	}
+	a, err := d.ensureAgent(ctx)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	acpID, err := d.ensureSession(ctx, a, s)
+	if err != nil {
+		release()
+		return nil, err
+	}
+
+	r := d.newRun(s, mode, prompt)
+	r.attached, r.log.pin = true, 1
+	r.add(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: id, RunId: r.id}}})
+	d.mu.Lock()
+	if d.closed {
+		s.busy = false
+		d.mu.Unlock()
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+	}
+	d.turns.Add(1)
+	s.current = r
+	s.runs = append(s.runs, r)
+	if len(s.runs) > runsPerSession {
+		old := s.runs[0]
+		s.runs = s.runs[1:]
+		for ia, rr := range s.byIA {
+			if rr == old {
+				delete(s.byIA, ia)
+			}
+		}
+	}
+	d.mu.Unlock()
+	d.live.Add(1)
+	go d.runTurn(a, r, acpID, prompt)
+	return r, nil
+}
+
+// Answer validates an answer to a pending interaction and, when accepted,
+// continues the run with the caller attached; it returns the run and the
+// seq the caller's stream starts from.
+func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint64, error) {
+	if err := checkSessionID(req.GetSessionId(), false); err != nil {
+		return nil, 0, err
+	}
+	iaID := req.GetInteractionId()
+	if n := utf8.RuneCountInString(iaID); n == 0 || n > MaxInteractionID {
+		return nil, 0, apierr.BadRequest("interaction_id must be 1 to %d characters", MaxInteractionID)
+	}
+	d.mu.Lock()
+	var r *run
+	if s := d.sessions[req.GetSessionId()]; s != nil {
+		r = s.byIA[iaID]
+	}
+	d.mu.Unlock()
+	if r == nil {
+		return nil, 0, apierr.New(http.StatusNotFound, "interaction_unknown", "no pending question in this session has this id")
+	}
+	return r.answer(iaID, req.GetAnswer())
+}
+
+// Attach attaches the caller to a run from a sequence number.
+func (d *Daemon) Attach(req *pb.AttachRequest) (*run, error) {
+	d.mu.Lock()
+	var r *run
+	if s := d.sessions[req.GetSessionId()]; s != nil {
+		for _, rr := range s.runs {
+			if rr.id == req.GetRunId() {
+				r = rr
+			}
+		}
+	}
+	d.mu.Unlock()
+	if r == nil {
+		return nil, apierr.NotFound("no run %q in this session", req.GetRunId())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.attached {
+		return nil, apierr.Conflict("attachment_failed", "another request is already attached to the run")
+	}
+	if _, _, err := r.log.since(req.GetFromSeq()); err != nil {
+		return nil, err
+	}
+	if r.state == stateDone && max(req.GetFromSeq(), 1) >= r.log.next {
+		return nil, apierr.New(http.StatusGone, "attachment_failed", "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
+	}
+	r.attached, r.log.pin = true, max(req.GetFromSeq(), 1)
+	return r, nil
+}
+
+// Cancel cancels the session's current run and reports whether there was one.
+func (d *Daemon) Cancel(req *pb.CancelRequest) bool {
+	d.mu.Lock()
+	var r *run
+	if s := d.sessions[req.GetSessionId()]; s != nil && s.busy {
+		r = s.current
+	}
+	d.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	return d.cancelRun(r, nil)
+}
+
+// turnDone frees the session and records the turn.
+func (d *Daemon) turnDone(r *run, reply, end string) {
+	now := d.now().UTC()
+	d.mu.Lock()
+	s := r.sess
+	s.busy = false
+	s.rec.UpdatedAt = now
+	head := *s.rec
+	d.mu.Unlock()
+	err := d.store.update(head.ID, func(rec *sessionRecord) {
+		rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, now
+		if rec.CreatedAt.IsZero() {
+			rec.CreatedAt = head.CreatedAt
+		}
+		rec.addTurn(turnRecord{RunID: r.id, Prompt: r.prompt, Reply: reply, End: end, At: now})
+	})
+	if err != nil {
+		d.log.Error("save session", "err", err)
+	}
+}
+
+func errTurnFailed(format string, args ...any) *apierr.Error {
+	return apierr.New(http.StatusBadGateway, "turn_failed", format, args...)
+}
+
+func errRunEnded(msg string) *apierr.Error {
+	return apierr.New(http.StatusGone, "run_ended", "%s", msg)
+}
+
+var _ = fmt.Sprintf

@@ -1,0 +1,809 @@
+package internd_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/internd"
+)
+
+const (
+	manual    = pb.ApprovalMode_APPROVAL_MODE_MANUAL
+	selfDrive = pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE
+)
+
+func TestUnauthenticatedCallsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, tok := range []string{"", "wrong", secret + "x", strings.ToUpper(secret)} {
+		c := newClient(e.srv.URL, tok)
+		_, err := c.Status(context.Background(), connect.NewRequest(&pb.StatusRequest{}))
+		if connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("Status with %q: want unauthenticated, got %v", tok, err)
+		}
+		s, err := c.StartTurn(context.Background(), connect.NewRequest(&pb.StartTurnRequest{Prompt: "hello"}))
+		if err == nil {
+			_, err = drain[pb.StartTurnResponse](s)
+		}
+		wantErr(t, err, 401, "")
+		if strings.Contains(err.Error(), secret) {
+			t.Fatal("error mentions the secret")
+		}
+	}
+	if st := e.status(t); st.GetSessions() != 0 {
+		t.Fatalf("refused calls created sessions: %v", st)
+	}
+}
+
+func TestTurnCompletes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "", "hello", selfDrive)
+	mustOK(t, err)
+	checkSeqs(t, evs)
+	st := started(t, evs)
+	if _, err := uuid.Parse(st.GetSessionId()); err != nil {
+		t.Fatalf("empty session id should get a UUID, got %q", st.GetSessionId())
+	}
+	if evs[0].GetSeq() != 1 || st.GetRunId() == "" || st.GetContinuation() || evs[0].GetModel() != "" {
+		t.Fatalf("bad Started event: %v", evs[0])
+	}
+	var kinds []string
+	for _, ev := range evs {
+		switch {
+		case ev.GetReasoning() != nil:
+			kinds = append(kinds, "reasoning:"+ev.GetReasoning().GetText()+"@"+ev.GetModel())
+		case ev.GetText() != nil:
+			kinds = append(kinds, "text:"+ev.GetText().GetText()+"@"+ev.GetModel())
+		case ev.GetUsage() != nil:
+			kinds = append(kinds, "usage@"+ev.GetModel())
+		case ev.GetFinished() != nil:
+			kinds = append(kinds, "finished:"+ev.GetFinished().GetReason().String())
+		}
+	}
+	want := "reasoning:thinking@test/model-a text:Hello@test/model-a text:, world@test/model-b usage@test/model-b finished:REASON_STOP"
+	if got := strings.Join(kinds, " "); got != want {
+		t.Fatalf("events:\n got %s\nwant %s", got, want)
+	}
+	u := evs[len(evs)-2].GetUsage()
+	if u.GetPromptTokens() != 10 || u.GetCompletionTokens() != 5 || u.GetTotalTokens() != 15 || u.GetCachedTokens() != 2 || u.GetCost() != 0.25 {
+		t.Fatalf("usage: %v", u)
+	}
+	for _, ev := range evs {
+		if ev.GetRunId() != st.GetRunId() {
+			t.Fatalf("event of another run: %v", ev)
+		}
+	}
+	// The same session id continues the session.
+	evs, err = e.start(t, st.GetSessionId(), "whoami", selfDrive)
+	mustOK(t, err)
+	if started(t, evs).GetSessionId() != st.GetSessionId() {
+		t.Fatal("session id changed")
+	}
+	if e.status(t).GetSessions() != 1 {
+		t.Fatal("want one session")
+	}
+}
+
+func TestModelFallsBackToSessionModel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "nometa", selfDrive)
+	mustOK(t, err)
+	if evs[1].GetText().GetText() != "plain" || evs[1].GetModel() != "test/current" {
+		t.Fatalf("want the session's current model on an event without one: %v", evs[1])
+	}
+	if u := evs[len(evs)-2]; u.GetUsage() != nil {
+		t.Fatalf("no usage reported, none expected: %v", u)
+	}
+}
+
+func TestApprovalModeReachesAgent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for mode, want := range map[pb.ApprovalMode]string{manual: "manual", selfDrive: "self-drive", pb.ApprovalMode_APPROVAL_MODE_UNSPECIFIED: "self-drive"} {
+		evs, err := e.start(t, "s", "mode", mode)
+		mustOK(t, err)
+		if got := text(evs); got != want {
+			t.Fatalf("mode %v: agent saw %q, want %q", mode, got, want)
+		}
+	}
+}
+
+func TestSelfDriveAnswersPermission(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "perm", selfDrive)
+	mustOK(t, err)
+	if f := finish(t, evs); f.GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("want STOP, got %v", f)
+	}
+	if got := text(evs); got != "askingpermission: opt-ao" {
+		t.Fatalf("self-drive should pick allow_once's own id: %q", got)
+	}
+	for _, ev := range evs {
+		if ev.GetInteraction() != nil {
+			t.Fatal("self-drive must not ask the caller")
+		}
+	}
+}
+
+func TestManualPermissionPausesAndContinues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs)
+	p := ia.GetPermission()
+	if strings.Join(p.GetOptions(), ",") != "allow_once,allow_always,reject_once,reject_always" || p.GetOperation() != "shell" {
+		t.Fatalf("permission: %v", p)
+	}
+	if len(ia.GetId()) == 0 || len(ia.GetId()) > 128 || ia.GetDeadline().AsTime().Before(time.Now().Add(4*time.Minute)) {
+		t.Fatalf("interaction id or default deadline: %v", ia)
+	}
+	if m := evs[len(evs)-2].GetModel(); m != "test/model-a" {
+		t.Fatalf("interaction model %q", m)
+	}
+	// The text the agent sent before asking comes before the pause.
+	if got := text(evs); got != "asking" {
+		t.Fatalf("text before the pause: %q", got)
+	}
+	if st := e.status(t); st.GetPausedRuns() != 1 || st.GetLiveRuns() != 0 {
+		t.Fatalf("status while paused: %v", st)
+	}
+	runID := started(t, evs).GetRunId()
+	pausedAt := evs[len(evs)-1].GetSeq()
+
+	evs, err = e.answer(t, "s", ia.GetId(), "reject_once")
+	mustOK(t, err)
+	checkSeqs(t, evs)
+	st := started(t, evs)
+	if !st.GetContinuation() || st.GetRunId() != runID || evs[0].GetSeq() != pausedAt+1 {
+		t.Fatalf("continuation must resume the same run just after the pause: %v", evs[0])
+	}
+	if f := finish(t, evs); f.GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("want STOP, got %v", f)
+	}
+	if got := text(evs); got != "permission: opt-ro" {
+		t.Fatalf("agent must receive its own option id: %q", got)
+	}
+	if st := e.status(t); st.GetPausedRuns() != 0 {
+		t.Fatalf("status after: %v", st)
+	}
+	// The interaction of an ended run is no longer pending.
+	_, err = e.answer(t, "s", ia.GetId(), "allow_once")
+	wantErr(t, err, 409, "interaction_not_pending")
+}
+
+func TestAnswerContinuesUnderRunMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "perm2", manual)
+	mustOK(t, err)
+	evs, err = e.answer(t, "s", interactionOf(t, evs).GetId(), "allow_always")
+	mustOK(t, err)
+	// Still manual: the second permission is asked too.
+	evs, err = e.answer(t, "s", interactionOf(t, evs).GetId(), "reject_always")
+	mustOK(t, err)
+	if got := text(evs); got != "opt-aa opt-ra" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestPermissionAnswersRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs)
+	for _, a := range []string{"", "maybe", "allow", "ALLOW_ONCE", " allow_once", "opt-ao", `{"action":"accept"}`, "cancelled"} {
+		_, err := e.answer(t, "s", ia.GetId(), a)
+		wantErr(t, err, 400, "bad_request")
+	}
+	_, err = e.answer(t, "s", "call_nope", "allow_once")
+	wantErr(t, err, 404, "interaction_unknown")
+	_, err = e.answer(t, "other-session", ia.GetId(), "allow_once")
+	wantErr(t, err, 404, "interaction_unknown")
+	_, err = e.answer(t, "s", strings.Repeat("x", 129), "allow_once")
+	wantErr(t, err, 400, "bad_request")
+	// Still paused, and still answerable.
+	if st := e.status(t); st.GetPausedRuns() != 1 {
+		t.Fatalf("refused answers changed the run: %v", st)
+	}
+	evs, err = e.answer(t, "s", ia.GetId(), "allow_once")
+	mustOK(t, err)
+	if got := text(evs); got != "permission: opt-ao" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestQuestion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	refused := []string{
+		``, `not json`, `[]`, `{"action":"accept"}`, `{"action":"accept","content":{}}`,
+		`{"action":"accept","content":{"name":1}}`, `{"action":"accept","content":{"name":"a","color":"green"}}`,
+		`{"action":"accept","content":{"name":"a","age":1.5}}`, `{"action":"accept","content":{"name":"a","age":"1"}}`,
+		`{"action":"accept","content":{"name":"a","agree":"yes"}}`, `{"action":"accept","content":{"name":"a","ratio":"x"}}`,
+		`{"action":"accept","content":{"name":"a","extra":1}}`, `{"action":"maybe"}`, `{"action":"decline","content":{}}`,
+		`{"action":"accept","content":{"name":"a"},"more":1}`, `{"action":"accept","content":{"name":"a"}} {}`, `allow_once`,
+	}
+	cases := []struct {
+		script, answer, want string
+		end                  pb.Finished_Reason
+	}{
+		{"ask", `{"action":"accept","content":{"name":"Ada","color":"blue","age":36,"agree":true,"ratio":0.5}}`, `accept {"age":36,"agree":true,"color":"blue","name":"Ada","ratio":0.5}`, pb.Finished_REASON_STOP},
+		{"ask", `{"action":"accept","content":{"name":"Ada"}}`, `accept {"name":"Ada"}`, pb.Finished_REASON_STOP},
+		{"ask", `{"action":"decline"}`, `decline`, pb.Finished_REASON_STOP},
+		{"asknometa", `{"action":"accept","content":{"name":"Bo"}}`, `accept {"name":"Bo"}`, pb.Finished_REASON_STOP},
+	}
+	for i, c := range cases {
+		sid := "q" + string(rune('a'+i))
+		evs, err := e.start(t, sid, c.script, selfDrive) // questions are asked whatever the mode
+		mustOK(t, err)
+		ia := interactionOf(t, evs)
+		q := ia.GetQuestion()
+		var desc []string
+		for _, f := range q.GetFields() {
+			desc = append(desc, f.GetName()+":"+f.GetType()+":"+map[bool]string{true: "req", false: "opt"}[f.GetRequired()]+":"+strings.Join(f.GetOptions(), "|"))
+		}
+		if q.GetMessage() != "Tell me about you" || strings.Join(desc, " ") != "age:integer:opt: agree:boolean:opt: color:string:opt:red|blue name:string:req: ratio:number:opt:" {
+			t.Fatalf("question: %v", q)
+		}
+		if i == 0 {
+			for _, a := range refused {
+				_, err := e.answer(t, sid, ia.GetId(), a)
+				wantErr(t, err, 400, "bad_request")
+			}
+		}
+		evs, err = e.answer(t, sid, ia.GetId(), c.answer)
+		mustOK(t, err)
+		if f := finish(t, evs); f.GetReason() != c.end {
+			t.Fatalf("%s: want %v got %v", c.answer, c.end, f)
+		}
+		if got := text(evs); got != c.want {
+			t.Fatalf("%s: agent got %q want %q", c.answer, got, c.want)
+		}
+	}
+}
+
+// A cancel answer answers the agent cancelled and ends the run: the
+// stream shows Finished ENDED 410 run_ended (docs/decisions.md).
+func TestCancelAnswerEndsRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []struct{ script, answer string }{{"perm", "cancel"}, {"ask", `{"action":"cancel"}`}} {
+		evs, err := e.start(t, c.script, c.script, manual)
+		mustOK(t, err)
+		ia := interactionOf(t, evs)
+		evs, err = e.answer(t, c.script, ia.GetId(), c.answer)
+		mustOK(t, err)
+		if !started(t, evs).GetContinuation() {
+			t.Fatal("want a continuation")
+		}
+		f := finish(t, evs)
+		if f.GetReason() != pb.Finished_REASON_ENDED || f.GetCode() != 410 || f.GetErrorReason() != "run_ended" || evs[len(evs)-1].GetModel() != "" {
+			t.Fatalf("cancel answer: %v", evs[len(evs)-1])
+		}
+		_, err = e.answer(t, c.script, ia.GetId(), c.answer)
+		wantErr(t, err, 409, "interaction_not_pending")
+		// The session is free again.
+		_, err = e.start(t, c.script, "hello", manual)
+		mustOK(t, err)
+	}
+}
+
+func TestDeadlineCancelsPausedRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.InteractionDeadline = 300 * time.Millisecond })
+	evs, err := e.start(t, "s", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs)
+	if d := time.Until(ia.GetDeadline().AsTime()); d > 300*time.Millisecond {
+		t.Fatalf("deadline %v", d)
+	}
+	e.waitStatus(t, "no paused run", func(s *pb.StatusResponse) bool { return s.GetPausedRuns() == 0 && s.GetLiveRuns() == 0 })
+	_, err = e.answer(t, "s", ia.GetId(), "allow_once")
+	wantErr(t, err, 409, "interaction_not_pending")
+	// The run's log ends with ENDED run_ended.
+	rest, err := e.attach(t, "s", started(t, evs).GetRunId(), evs[len(evs)-1].GetSeq()+1)
+	mustOK(t, err)
+	f := finish(t, rest)
+	if f.GetReason() != pb.Finished_REASON_ENDED || f.GetCode() != 410 || f.GetErrorReason() != "run_ended" {
+		t.Fatalf("after the deadline: %v", f)
+	}
+}
+
+func TestRejectedReplyDoesNotExtendDeadline(t *testing.T) {
+	t.Parallel()
+	const deadline = 3 * time.Second
+	e := newEnv(t, func(c *internd.Config) { c.InteractionDeadline = deadline })
+	evs, err := e.start(t, "s", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs)
+	due := ia.GetDeadline().AsTime()
+	// Half-way, a rejected reply. Had it extended the deadline, the run
+	// would still be paused a second after the original deadline.
+	time.Sleep(time.Until(due.Add(-deadline / 2)))
+	_, err = e.answer(t, "s", ia.GetId(), "nope")
+	wantErr(t, err, 400, "bad_request")
+	time.Sleep(time.Until(due.Add(500 * time.Millisecond)))
+	_, err = e.answer(t, "s", ia.GetId(), "allow_once")
+	wantErr(t, err, 409, "interaction_not_pending")
+}
+
+func TestConcurrentAnswersOneWins(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "perm", manual)
+	mustOK(t, err)
+	ia := interactionOf(t, evs)
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	outs := make([][]*pb.RunEvent, n)
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			outs[i], errs[i] = e.answer(t, "s", ia.GetId(), []string{"allow_once", "reject_once"}[i%2])
+		})
+	}
+	close(gate)
+	wg.Wait()
+	wins := 0
+	for i := range n {
+		if errs[i] == nil {
+			wins++
+			if f := finish(t, outs[i]); f.GetReason() != pb.Finished_REASON_STOP {
+				t.Fatalf("winner: %v", f)
+			}
+			continue
+		}
+		wantErr(t, errs[i], 409, "interaction_not_pending")
+	}
+	if wins != 1 {
+		t.Fatalf("%d answers won, want exactly 1", wins)
+	}
+}
+
+func TestBusySession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang"}))
+	mustOK(t, err)
+	if !s.Receive() {
+		t.Fatal(s.Err())
+	}
+	_, err = e.start(t, "s", "hello", selfDrive)
+	wantErr(t, err, 409, "busy")
+	// A paused run holds its session too.
+	evs, err := e.start(t, "p", "perm", manual)
+	mustOK(t, err)
+	interactionOf(t, evs)
+	_, err = e.start(t, "p", "hello", selfDrive)
+	wantErr(t, err, 409, "busy")
+	// Another session is free.
+	_, err = e.start(t, "other", "hello", selfDrive)
+	mustOK(t, err)
+}
+
+func TestConsumerDisconnectCancelsStreamingRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang"}))
+	mustOK(t, err)
+	var evs []*pb.RunEvent
+	for len(evs) < 2 && s.Receive() {
+		evs = append(evs, s.Msg().GetEvent())
+	}
+	if text(evs) != "hanging" {
+		t.Fatalf("got %v %v", evs, s.Err())
+	}
+	cancel()
+	e.waitStatus(t, "no live run", func(s *pb.StatusResponse) bool { return s.GetLiveRuns() == 0 })
+	rest, err := e.attach(t, "s", started(t, evs).GetRunId(), 3)
+	mustOK(t, err)
+	if f := finish(t, rest); f.GetReason() != pb.Finished_REASON_ENDED || f.GetErrorReason() != "run_ended" {
+		t.Fatalf("want ENDED, got %v", f)
+	}
+	_, err = e.start(t, "s", "hello", selfDrive)
+	mustOK(t, err)
+}
+
+func TestPausedRunSurvivesConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "perm", ApprovalMode: manual}))
+	mustOK(t, err)
+	var ia *pb.Interaction
+	for s.Receive() {
+		if ia = s.Msg().GetEvent().GetInteraction(); ia != nil {
+			break
+		}
+	}
+	cancel() // gone right after the interaction, before reading PAUSED
+	time.Sleep(100 * time.Millisecond)
+	if st := e.status(t); st.GetPausedRuns() != 1 {
+		t.Fatalf("paused run did not survive: %v", st)
+	}
+	evs, err := e.answer(t, "s", ia.GetId(), "allow_once")
+	mustOK(t, err)
+	if text(evs) != "permission: opt-ao" {
+		t.Fatalf("got %q", text(evs))
+	}
+}
+
+func TestCancelRPC(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.CancelGrace = 300 * time.Millisecond })
+	for _, script := range []string{"hang", "hanghard"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: script, Prompt: script}))
+		mustOK(t, err)
+		s.Receive()
+		res, err := e.c.Cancel(context.Background(), connect.NewRequest(&pb.CancelRequest{SessionId: script}))
+		mustOK(t, err)
+		if !res.Msg.GetCancelled() {
+			t.Fatal("want cancelled")
+		}
+		evs, err := drain[pb.StartTurnResponse](s)
+		mustOK(t, err)
+		f := finish(t, evs)
+		if f.GetReason() != pb.Finished_REASON_ENDED || f.GetCode() != 410 || f.GetErrorReason() != "run_ended" {
+			t.Fatalf("%s: %v", script, f)
+		}
+		cancel()
+		res, err = e.c.Cancel(context.Background(), connect.NewRequest(&pb.CancelRequest{SessionId: script}))
+		mustOK(t, err)
+		if res.Msg.GetCancelled() {
+			t.Fatal("nothing to cancel any more")
+		}
+	}
+}
+
+func TestStopReasons(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []struct {
+		script string
+		reason pb.Finished_Reason
+		code   int32
+		why    string
+	}{
+		{"stop end_turn", pb.Finished_REASON_STOP, 0, ""},
+		{"stop max_tokens", pb.Finished_REASON_STOP, 0, ""},
+		{"stop max_turn_requests", pb.Finished_REASON_STOP, 0, ""},
+		{"stop refusal", pb.Finished_REASON_ERROR, 502, "turn_failed"},
+		{"stop cancelled", pb.Finished_REASON_ENDED, 410, "run_ended"},
+		{"stop bogus", pb.Finished_REASON_ERROR, 502, "turn_failed"},
+		{"fail", pb.Finished_REASON_ERROR, 502, "turn_failed"},
+		{"timeout", pb.Finished_REASON_ERROR, 504, "timeout"},
+	} {
+		evs, err := e.start(t, "s", c.script, selfDrive)
+		mustOK(t, err)
+		f := finish(t, evs)
+		if f.GetReason() != c.reason || f.GetCode() != c.code || f.GetErrorReason() != c.why {
+			t.Fatalf("%s: %v", c.script, f)
+		}
+		if c.script == "fail" && !strings.Contains(f.GetMessage(), "HTTP 500: boom") {
+			t.Fatalf("agent's failure message lost: %q", f.GetMessage())
+		}
+		if (c.reason == pb.Finished_REASON_STOP) == (evs[len(evs)-1].GetModel() == "") {
+			t.Fatalf("%s: model on Finished: %q", c.script, evs[len(evs)-1].GetModel())
+		}
+	}
+}
+
+func TestAgentCrashMidTurn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "crash", selfDrive)
+	mustOK(t, err)
+	if text(evs) != "about to crash" {
+		t.Fatalf("got %v", evs)
+	}
+	f := finish(t, evs)
+	if f.GetReason() != pb.Finished_REASON_ERROR || f.GetCode() != 502 || f.GetErrorReason() != "turn_failed" {
+		t.Fatalf("crash: %v", f)
+	}
+	st := e.waitStatus(t, "agent error", func(s *pb.StatusResponse) bool { return s.GetAgentError() != "" })
+	if !strings.Contains(st.GetAgentError(), "exited") {
+		t.Fatalf("agent error: %q", st.GetAgentError())
+	}
+	// The next turn starts a new agent, and the session goes on.
+	evs, err = e.start(t, "s", "hello", selfDrive)
+	mustOK(t, err)
+	if finish(t, evs).GetReason() != pb.Finished_REASON_STOP || e.status(t).GetAgentError() != "" {
+		t.Fatal("agent not restarted")
+	}
+}
+
+func TestAgentNeverInitializes(t *testing.T) {
+	t.Parallel()
+	cmd, agentEnv := agentCommand("noinit")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv, c.InitTimeout = cmd, agentEnv, 300*time.Millisecond
+	})
+	if err := e.d.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "initialize") {
+		t.Fatalf("Start: %v", err)
+	}
+	st := e.status(t)
+	if !strings.Contains(st.GetAgentError(), "did not answer initialize") || st.GetAgent() != "" {
+		t.Fatalf("status: %v", st)
+	}
+	_, err := e.start(t, "s", "hello", selfDrive)
+	wantErr(t, err, 502, "turn_failed")
+	// The daemon still serves, and the refused turn left the session free.
+	_, err = e.start(t, "s", "hello", selfDrive)
+	wantErr(t, err, 502, "turn_failed")
+}
+
+func TestRetentionAndAttach(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.RetainEvents = 5 })
+	// Paced so that the consumer keeps up and deltas are not coalesced.
+	evs, err := e.start(t, "s", "slowstream 12", selfDrive)
+	mustOK(t, err)
+	if text(evs) != strings.Repeat("x", 12) || len(evs) < 8 {
+		t.Fatalf("live consumer should see all output: %d events, %q", len(evs), text(evs))
+	}
+	run, last := started(t, evs).GetRunId(), evs[len(evs)-1].GetSeq()
+	// At the bound: the 5 retained events replay.
+	got, err := e.attach(t, "s", run, last-4)
+	mustOK(t, err)
+	if len(got) != 5 || got[0].GetSeq() != last-4 || finish(t, got).GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("replay: %v", got)
+	}
+	// Past it: dropped.
+	_, err = e.attach(t, "s", run, last-5)
+	wantErr(t, err, 410, "attachment_failed")
+	_, err = e.attach(t, "s", run, 1)
+	wantErr(t, err, 410, "attachment_failed")
+	_, err = e.attach(t, "s", "no-such-run", 1)
+	wantErr(t, err, 404, "not_found")
+	_, err = e.attach(t, "s", run, last+2)
+	wantErr(t, err, 400, "bad_request")
+}
+
+func TestSecondAttachmentRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang"}))
+	mustOK(t, err)
+	s.Receive()
+	run := s.Msg().GetEvent().GetRunId()
+	_, err = e.attach(t, "s", run, 1)
+	wantErr(t, err, 409, "attachment_failed")
+	if st := e.status(t); st.GetLiveRuns() != 1 {
+		t.Fatalf("refused attach disturbed the run: %v", st)
+	}
+}
+
+func TestMaxPausedRuns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 2 })
+	// At the bound: two runs paused.
+	for _, sid := range []string{"a", "b"} {
+		evs, err := e.start(t, sid, "perm", manual)
+		mustOK(t, err)
+		interactionOf(t, evs)
+	}
+	// Past it: refused before the stream.
+	_, err := e.start(t, "c", "hello", selfDrive)
+	wantErr(t, err, 503, "busy")
+	if st := e.status(t); st.GetPausedRuns() != 2 || st.GetLiveRuns() != 0 {
+		t.Fatalf("status: %v", st)
+	}
+}
+
+func TestPauseBeyondBoundFailsBusy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 1 })
+	// Both turns start before either pauses; only one can pause.
+	var wg sync.WaitGroup
+	var fins [2]*pb.Finished
+	for i, sid := range []string{"a", "b"} {
+		wg.Go(func() {
+			evs, err := e.start(t, sid, "sleepperm", manual)
+			if err == nil && len(evs) > 0 {
+				fins[i] = evs[len(evs)-1].GetFinished()
+			} else if ae := apierr.FromConnect(err); ae.Status == 503 && ae.Reason == "busy" {
+				// Under load the other may have paused before this one started.
+				fins[i] = &pb.Finished{Reason: pb.Finished_REASON_ERROR, Code: 503, ErrorReason: "busy"}
+			}
+		})
+	}
+	wg.Wait()
+	paused, busy := 0, 0
+	for _, f := range fins {
+		switch {
+		case f.GetReason() == pb.Finished_REASON_PAUSED:
+			paused++
+		case f.GetReason() == pb.Finished_REASON_ERROR && f.GetCode() == 503 && f.GetErrorReason() == "busy":
+			busy++
+		}
+	}
+	if paused != 1 || busy != 1 {
+		t.Fatalf("want one PAUSED and one ERROR 503 busy, got %v", fins)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "s", "len "+strings.Repeat("é", 32000-4), selfDrive)
+	mustOK(t, err)
+	if text(evs) != "32000" {
+		t.Fatalf("agent got %s characters", text(evs))
+	}
+	_, err = e.start(t, "s", "len "+strings.Repeat("é", 32000-3), selfDrive)
+	wantErr(t, err, 400, "bad_request")
+
+	long := strings.Repeat("s", 256)
+	evs, err = e.start(t, long, "hello", selfDrive)
+	mustOK(t, err)
+	if started(t, evs).GetSessionId() != long {
+		t.Fatal("256-character session id not kept")
+	}
+	_, err = e.start(t, long+"s", "hello", selfDrive)
+	wantErr(t, err, 400, "bad_request")
+	_, err = e.start(t, "s", "hello", pb.ApprovalMode(9))
+	wantErr(t, err, 400, "bad_request")
+	if st := e.status(t); st.GetSessions() != 2 {
+		t.Fatalf("refused turns created sessions: %v", st)
+	}
+}
+
+func TestRestartKeepsSessions(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"1", "load"} {
+		t.Run("agent="+mode, func(t *testing.T) {
+			cmd, agentEnv := agentCommand(mode)
+			e := newEnv(t, func(c *internd.Config) { c.AgentCommand, c.AgentEnv = cmd, agentEnv })
+			evs, err := e.start(t, "keep", "whoami", selfDrive)
+			mustOK(t, err)
+			before := text(evs)
+			e.srv.Close()
+			e.d.Close()
+
+			e2 := startEnv(t, e.cfg)
+			if st := e2.status(t); st.GetSessions() != 1 {
+				t.Fatalf("sessions after restart: %v", st)
+			}
+			evs, err = e2.start(t, "keep", "whoami", selfDrive)
+			mustOK(t, err)
+			if started(t, evs).GetSessionId() != "keep" {
+				t.Fatal("session id not kept")
+			}
+			after := text(evs)
+			if mode == "load" && after != before {
+				t.Fatalf("agent with session/load should keep its session: %q then %q", before, after)
+			}
+			if mode == "1" && (after == before || after == "") {
+				t.Fatalf("agent without session/load needs a new agent session: %q then %q", before, after)
+			}
+			if strings.Contains(text(evs), "replayed") {
+				t.Fatal("a session/load replay leaked into the stream")
+			}
+			// The history survived the restart: both turns are on disk.
+			files, _ := filepath.Glob(filepath.Join(e.cfg.DataDir, "sessions", "*.json"))
+			if len(files) != 1 {
+				t.Fatalf("session files: %v", files)
+			}
+			b, _ := os.ReadFile(files[0])
+			var rec struct {
+				ID    string `json:"id"`
+				Turns []struct{ Prompt, Reply, End string }
+			}
+			if err := json.Unmarshal(b, &rec); err != nil || rec.ID != "keep" || len(rec.Turns) != 2 ||
+				rec.Turns[0].Reply != before || rec.Turns[1].Reply != after || rec.Turns[1].End != "end_turn" {
+				t.Fatalf("history: %s", b)
+			}
+		})
+	}
+}
+
+// A stream that breaks without a Finished event is what the gateway
+// reports as stream_severed; the daemon cancels the run it was streaming.
+func TestSeveredStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s, err := e.c.StartTurn(context.Background(), connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang"}))
+	mustOK(t, err)
+	var evs []*pb.RunEvent
+	for len(evs) < 2 && s.Receive() {
+		evs = append(evs, s.Msg().GetEvent())
+	}
+	e.srv.CloseClientConnections()
+	rest, err := drain[pb.StartTurnResponse](s)
+	if err == nil {
+		t.Fatal("a severed stream must end in an error")
+	}
+	for _, ev := range rest {
+		if ev.GetFinished() != nil {
+			t.Fatalf("severed stream delivered Finished: %v", ev)
+		}
+	}
+	e.waitStatus(t, "run cancelled", func(s *pb.StatusResponse) bool { return s.GetLiveRuns() == 0 })
+	after, err := e.attach(t, "s", started(t, evs).GetRunId(), 3)
+	mustOK(t, err)
+	if f := finish(t, after); f.GetReason() != pb.Finished_REASON_ENDED {
+		t.Fatalf("want ENDED, got %v", f)
+	}
+}
+
+// The agent (and what it runs) never sees Cohort's own settings, such as
+// the daemon secret; the built-in agent's COHORT_AGENT_* settings pass.
+func TestAgentEnvironment(t *testing.T) {
+	t.Setenv("COHORT_INTERN_SECRET", "leaked-secret")
+	t.Setenv("COHORT_DATABASE_URL", "postgres://user:pw@db/x")
+	t.Setenv("COHORT_AGENT_API_KEY", "for-the-agent")
+	e := newEnv(t)
+	for name, want := range map[string]string{"COHORT_INTERN_SECRET": "[]", "COHORT_DATABASE_URL": "[]",
+		"COHORT_AGENT_API_KEY": "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]"} {
+		evs, err := e.start(t, "s", "env "+name, selfDrive)
+		mustOK(t, err)
+		if got := text(evs); got != want {
+			t.Fatalf("%s: agent sees %s, want %s", name, got, want)
+		}
+	}
+}
+
+// Elicitations the daemon cannot carry to a caller are answered cancel:
+// URL elicitations, and ones without a session when several turns run.
+func TestElicitationsNotCarried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	evs, err := e.start(t, "u", "askurl", manual)
+	mustOK(t, err)
+	if got := text(evs); got != "cancel" || finish(t, evs).GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("URL elicitation: %q %v", got, evs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "other", Prompt: "hang"}))
+	mustOK(t, err)
+	s.Receive()
+	evs, err = e.start(t, "q", "asknometa", manual)
+	mustOK(t, err)
+	if got := text(evs); got != "cancel" {
+		t.Fatalf("ambiguous elicitation: %q", got)
+	}
+}
+
+func TestFinishedRunEventsExpire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.FinishedRunTTL = 200 * time.Millisecond })
+	evs, err := e.start(t, "s", "hello", selfDrive)
+	mustOK(t, err)
+	run, last := started(t, evs).GetRunId(), evs[len(evs)-1].GetSeq()
+	// Soon after the end: replayable; past its end there is nothing to wait for.
+	got, err := e.attach(t, "s", run, 1)
+	mustOK(t, err)
+	if len(got) != len(evs) {
+		t.Fatalf("replay: %d events, want %d", len(got), len(evs))
+	}
+	_, err = e.attach(t, "s", run, last+1)
+	wantErr(t, err, 410, "attachment_failed")
+	time.Sleep(400 * time.Millisecond)
+	_, err = e.attach(t, "s", run, 1)
+	wantErr(t, err, 410, "attachment_failed")
+}

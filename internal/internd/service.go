@@ -1,0 +1,118 @@
+package internd
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/apierr"
+)
+
+// Handler serves InternDaemonService (and GET /healthz, unauthenticated,
+// which says only that the process is up).
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	opts := connect.WithHandlerOptions(
+		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(d.cfg.Secret))}),
+		// Run events are small: gzip per event costs more than it saves
+		// (most of the CPU of a stream, measured).
+		connect.WithCompressMinBytes(4096),
+	)
+	mux.Handle(interndv1connect.NewInternDaemonServiceHandler(service{d}, opts))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	return mux
+}
+
+// HTTPServer serves h over HTTP/1.1 and h2c. There is no write timeout:
+// run streams last as long as their turns.
+func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Server{Handler: h, Protocols: &p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+}
+
+// secretInterceptor admits calls that carry the intern's secret as a bearer
+// token. Both sides are hashed first, so the comparison is constant-time
+// whatever the lengths.
+type secretInterceptor struct{ sum [32]byte }
+
+func (s secretInterceptor) check(h http.Header) error {
+	tok, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
+	got := sha256.Sum256([]byte(tok))
+	if !ok || subtle.ConstantTimeCompare(got[:], s.sum[:]) != 1 {
+		return apierr.Unauthenticated("missing or invalid daemon secret")
+	}
+	return nil
+}
+
+func (s secretInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if err := s.check(req.Header()); err != nil {
+			return nil, apierr.ToConnect(err)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (s secretInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (s secretInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if err := s.check(conn.RequestHeader()); err != nil {
+			return apierr.ToConnect(err)
+		}
+		return next(ctx, conn)
+	}
+}
+
+// service is the Connect door onto the daemon.
+type service struct{ d *Daemon }
+
+var _ interndv1connect.InternDaemonServiceHandler = service{}
+
+func (s service) StartTurn(ctx context.Context, req *connect.Request[pb.StartTurnRequest], st *connect.ServerStream[pb.StartTurnResponse]) error {
+	r, err := s.d.StartTurn(ctx, req.Msg)
+	if err != nil {
+		return err
+	}
+	return r.stream(ctx, 1, func(ev *pb.RunEvent) error { return st.Send(&pb.StartTurnResponse{Event: ev}) })
+}
+
+func (s service) Answer(ctx context.Context, req *connect.Request[pb.AnswerRequest], st *connect.ServerStream[pb.AnswerResponse]) error {
+	r, from, err := s.d.Answer(ctx, req.Msg)
+	if err != nil {
+		return err
+	}
+	return r.stream(ctx, from, func(ev *pb.RunEvent) error { return st.Send(&pb.AnswerResponse{Event: ev}) })
+}
+
+func (s service) Attach(ctx context.Context, req *connect.Request[pb.AttachRequest], st *connect.ServerStream[pb.AttachResponse]) error {
+	r, err := s.d.Attach(req.Msg)
+	if err != nil {
+		return err
+	}
+	return r.stream(ctx, req.Msg.GetFromSeq(), func(ev *pb.RunEvent) error { return st.Send(&pb.AttachResponse{Event: ev}) })
+}
+
+func (s service) Cancel(ctx context.Context, req *connect.Request[pb.CancelRequest]) (*connect.Response[pb.CancelResponse], error) {
+	return connect.NewResponse(&pb.CancelResponse{Cancelled: s.d.Cancel(req.Msg)}), nil
+}
+
+func (s service) Status(ctx context.Context, req *connect.Request[pb.StatusRequest]) (*connect.Response[pb.StatusResponse], error) {
+	return connect.NewResponse(s.d.Status()), nil
+}

@@ -1,0 +1,300 @@
+// Package provision hosts interns: it starts, watches and stops their
+// daemons (`cohort intern`) as intern records change, and gives the chat
+// gateway an authenticated client for an intern's daemon.
+//
+// Two provisioners exist. `local` (the embedded default) starts one daemon
+// per running intern as a child process on loopback, each with its own data
+// directory (<data-dir>/interns/<id>) and its own secret, waits until it is
+// healthy, marks the intern running and restarts the daemon if it dies.
+// `remote` leaves running daemons to the operator, who registers each
+// one's URL and secret (`cohort admin intern register`).
+//
+// Either way the daemon's URL and its secret (wrapped by the KEK) are in
+// the intern's row, so any gateway replica can reach any daemon.
+//
+// The chat gateway reaches a daemon through Dialer:
+//
+//	c, err := srv.Provisioner.Client(ctx, intern) // intern_not_ready 409, intern_unreachable 502
+//	st, err := c.StartTurn(ctx, connect.NewRequest(&interndv1.StartTurnRequest{...}))
+//	for st.Receive() { ev := st.Msg().GetEvent() … } // a refusal arrives as st.Err()
+//	e := apierr.FromConnect(st.Err())                 // the daemon's status and reason
+package provision
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// Provisioner modes.
+const (
+	Local  = "local"
+	Remote = "remote"
+)
+
+// Dialer is what the chat gateway needs: an authenticated client for an
+// intern's daemon. *Provisioner implements it.
+type Dialer interface {
+	Client(ctx context.Context, intern *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
+}
+
+// Provisioner implements interns.Lifecycle and Dialer.
+type Provisioner struct {
+	DB  *bun.DB
+	KEK *envelope.KEK
+	Log *slog.Logger
+	// Mode is Local or Remote.
+	Mode string
+	// DataDir is the gateway's data directory; local daemons live under
+	// <DataDir>/interns/<id>.
+	DataDir string
+	// Command runs `cohort intern` (local); default: this executable.
+	Command []string
+	// AgentCommand, when set, is passed to local daemons as --agent-command.
+	AgentCommand string
+	// HealthTimeout bounds a local daemon's start (default 30 s).
+	HealthTimeout time.Duration
+	// RestartBackoff is the first delay before restarting a dead daemon
+	// (default 1 s, doubling up to 30 s).
+	RestartBackoff time.Duration
+
+	once   sync.Once
+	client *http.Client
+
+	mu     sync.Mutex
+	sups   map[string]*supervisor
+	closed bool
+}
+
+func (p *Provisioner) init() {
+	p.once.Do(func() {
+		if p.Log == nil {
+			p.Log = slog.New(slog.DiscardHandler)
+		}
+		if p.HealthTimeout <= 0 {
+			p.HealthTimeout = 30 * time.Second
+		}
+		if p.RestartBackoff <= 0 {
+			p.RestartBackoff = time.Second
+		}
+		p.sups = map[string]*supervisor{}
+		// Daemons speak h2c (http://): one connection carries many run
+		// streams. A remote daemon behind a TLS proxy (https://) gets HTTP/2.
+		var protos http.Protocols
+		protos.SetUnencryptedHTTP2(true)
+		protos.SetHTTP2(true)
+		p.client = &http.Client{Transport: &http.Transport{Protocols: &protos, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
+	})
+}
+
+// secretAD binds a wrapped daemon secret to its intern: a row's ciphertext
+// copied onto another intern does not open.
+func secretAD(internID string) []byte { return []byte("cohort/intern-daemon-secret/" + internID) }
+
+// newSecret returns 32 random bytes, base64url.
+func newSecret() string {
+	var b [32]byte
+	rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func (p *Provisioner) wrap(internID, secret string) (string, error) {
+	ct, err := p.KEK.Wrap([]byte(secret), secretAD(internID))
+	if err != nil {
+		return "", err
+	}
+	return base64.StdEncoding.EncodeToString(ct), nil
+}
+
+func (p *Provisioner) unwrap(in *store.Intern) (string, error) {
+	ct, err := base64.StdEncoding.DecodeString(in.DaemonSecret)
+	if err != nil {
+		return "", err
+	}
+	pt, err := p.KEK.Unwrap(ct, secretAD(in.ID))
+	if err != nil {
+		return "", err
+	}
+	return string(pt), nil
+}
+
+// Client returns an authenticated client for the intern's daemon, reading
+// its URL and secret from the database (so it works on any replica). An
+// intern that is not running is intern_not_ready 409; one without a
+// reachable address is intern_unreachable 502.
+func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
+	p.init()
+	var in store.Intern
+	if err := p.DB.NewSelect().Model(&in).Where("id = ?", intern.ID).Scan(ctx); err != nil {
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+	}
+	if in.State != store.InternRunning {
+		return nil, apierr.Conflict("intern_not_ready", "the intern is not running")
+	}
+	if in.DaemonURL == "" || in.DaemonSecret == "" {
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+	}
+	secret, err := p.unwrap(&in)
+	if err != nil {
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+	}
+	return p.dial(in.DaemonURL, secret), nil
+}
+
+func (p *Provisioner) dial(base, secret string) interndv1connect.InternDaemonServiceClient {
+	return interndv1connect.NewInternDaemonServiceClient(p.client, base,
+		connect.WithInterceptors(bearerInterceptor("Bearer "+secret)))
+}
+
+// bearerInterceptor adds the daemon secret to every call.
+type bearerInterceptor string
+
+func (b bearerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b bearerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// Start (re)starts the daemons of interns in provisioning or running state,
+// as the gateway comes up.
+func (p *Provisioner) Start(ctx context.Context) error {
+	p.init()
+	var rows []store.Intern
+	if err := p.DB.NewSelect().Model(&rows).Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
+		return err
+	}
+	for i := range rows {
+		p.Changed(ctx, &rows[i])
+	}
+	return nil
+}
+
+// Changed follows an intern's record: it is the interns.Lifecycle hook.
+// It never blocks on a daemon: starting and stopping happen in the
+// background, and the record's state says when the intern is running.
+func (p *Provisioner) Changed(ctx context.Context, in *store.Intern) {
+	p.init()
+	switch p.Mode {
+	case Remote:
+		if in.State == store.InternProvisioning && in.DaemonURL != "" {
+			// A resumed remote intern runs again once its daemon answers.
+			go p.markRunningWhenHealthy(in.ID)
+		}
+	default:
+		p.localChanged(in)
+	}
+}
+
+// markRunningWhenHealthy checks a registered remote daemon once.
+func (p *Provisioner) markRunningWhenHealthy(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.HealthTimeout)
+	defer cancel()
+	var in store.Intern
+	if err := p.DB.NewSelect().Model(&in).Where("id = ?", id).Scan(ctx); err != nil {
+		return
+	}
+	secret, err := p.unwrap(&in)
+	if err != nil {
+		p.Log.Error("daemon secret does not open", "intern", id, "err", err)
+		return
+	}
+	if _, err := p.dial(in.DaemonURL, secret).Status(ctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
+		p.Log.Warn("remote daemon not healthy", "intern", id, "err", err)
+		return
+	}
+	if err := p.setRunning(ctx, id); err != nil {
+		p.Log.Error("mark intern running", "intern", id, "err", err)
+	}
+}
+
+// setRunning moves an intern from provisioning to running, and only from
+// there: a suspend that raced the start wins.
+func (p *Provisioner) setRunning(ctx context.Context, id string) error {
+	_, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
+		Set("state = ?", store.InternRunning).Set("updated_at = ?", store.Now(nil)).
+		Where("id = ? AND state = ?", id, store.InternProvisioning).Exec(ctx)
+	return err
+}
+
+// Register records a remote daemon's URL and secret for an intern, after
+// checking that the daemon answers with that secret, and marks a
+// provisioning intern running. The secret is stored wrapped by the KEK.
+func (p *Provisioner) Register(ctx context.Context, internID, daemonURL, secret string) (*store.Intern, error) {
+	p.init()
+	u, err := url.Parse(daemonURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, apierr.BadRequest("the daemon URL must be http:// or https:// with a host")
+	}
+	secret = strings.TrimSpace(secret)
+	if secret == "" {
+		return nil, apierr.BadRequest("the daemon secret is empty")
+	}
+	var in store.Intern
+	if err := p.DB.NewSelect().Model(&in).Where("id = ? AND state <> ?", internID, store.InternDeleted).Scan(ctx); err != nil {
+		return nil, apierr.NotFound("intern %q not found", internID)
+	}
+	hctx, cancel := context.WithTimeout(ctx, p.HealthTimeout)
+	defer cancel()
+	if _, err := p.dial(daemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
+		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the daemon did not answer Status with this secret: %s", connect.CodeOf(err))
+	}
+	wrapped, err := p.wrap(internID, secret)
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	in.DaemonURL, in.DaemonSecret, in.Provisioner = strings.TrimRight(daemonURL, "/"), wrapped, Remote
+	if _, err := p.DB.NewUpdate().Model(&in).Column("daemon_url", "daemon_secret", "provisioner").WherePK().Exec(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	if err := p.setRunning(ctx, internID); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	if err := p.DB.NewSelect().Model(&in).WherePK().Scan(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	return &in, nil
+}
+
+// Close stops every local daemon (their runs end with them).
+func (p *Provisioner) Close() {
+	p.init()
+	p.mu.Lock()
+	p.closed = true
+	sups := make([]*supervisor, 0, len(p.sups))
+	for _, s := range p.sups {
+		sups = append(sups, s)
+	}
+	p.sups = map[string]*supervisor{}
+	p.mu.Unlock()
+	for _, s := range sups {
+		s.stop()
+	}
+}

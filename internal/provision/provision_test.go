@@ -1,0 +1,315 @@
+package provision_test
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testenv"
+)
+
+var build struct {
+	sync.Once
+	bin string
+	err error
+}
+
+// cohortBinary builds the real cohort command once per test run.
+func cohortBinary(t *testing.T) string {
+	t.Helper()
+	build.Do(func() {
+		dir, err := os.MkdirTemp("", "cohort-bin-")
+		if err != nil {
+			build.err = err
+			return
+		}
+		build.bin = filepath.Join(dir, "cohort")
+		out, err := exec.Command("go", "build", "-o", build.bin, "github.com/cohort-dev/cohort/cmd/cohort").CombinedOutput()
+		if err != nil {
+			build.err = err
+			build.bin = string(out)
+		}
+	})
+	if build.err != nil {
+		t.Fatalf("go build: %v\n%s", build.err, build.bin)
+	}
+	return build.bin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if build.bin != "" {
+		os.RemoveAll(filepath.Dir(build.bin))
+	}
+	os.Exit(code)
+}
+
+func loadIntern(t *testing.T, db *bun.DB, id string) *store.Intern {
+	t.Helper()
+	var in store.Intern
+	if err := db.NewSelect().Model(&in).Where("id = ?", id).Scan(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &in
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+func status(t *testing.T, p *provision.Provisioner, in *store.Intern) (*pb.StatusResponse, error) {
+	t.Helper()
+	c, err := p.Client(context.Background(), in)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.Status(context.Background(), connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// The local provisioner starts a real `cohort intern` process per running
+// intern, restarts it when it dies and stops it on suspend.
+func TestLocalLifecycle(t *testing.T) {
+	t.Parallel()
+	bin := cohortBinary(t)
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		dataDir := t.TempDir()
+		var prov *provision.Provisioner
+		e := testenv.New(t, db, func(s *server.Server) {
+			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Local, DataDir: dataDir,
+				Command: []string{bin}, RestartBackoff: 100 * time.Millisecond}
+			s.Provisioner, s.Interns.Lifecycle = prov, prov
+		})
+		t.Cleanup(prov.Close)
+		ctx := context.Background()
+		id := e.InternID
+
+		// Gateway start: the bootstrap intern (provisioning) gets a daemon.
+		if err := prov.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
+		in := loadIntern(t, db, id)
+		if in.Provisioner != provision.Local || !strings.HasPrefix(in.DaemonURL, "http://127.0.0.1:") || in.DaemonSecret == "" {
+			t.Fatalf("daemon record: %+v", in)
+		}
+		st, err := status(t, prov, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetInternId() != id || st.GetModel() != "cohort/demo" {
+			t.Fatalf("status: %v", st)
+		}
+		if _, err := os.Stat(filepath.Join(dataDir, "interns", id, "sessions")); err != nil {
+			t.Fatalf("data directory: %v", err)
+		}
+		// The daemon refuses calls without its secret.
+		var protos http.Protocols
+		protos.SetUnencryptedHTTP2(true)
+		res, err := (&http.Client{Transport: &http.Transport{Protocols: &protos}}).Post(in.DaemonURL+"/cohort.internd.v1.InternDaemonService/Status", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("unauthenticated Status: %d", res.StatusCode)
+		}
+
+		// Killed: restarted, with a new address and secret.
+		pid := prov.DaemonPID(id)
+		if !alive(pid) {
+			t.Fatalf("no daemon process (%d)", pid)
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitFor(t, "restart", func() bool {
+			n := prov.DaemonPID(id)
+			if n == 0 || n == pid {
+				return false
+			}
+			_, err := status(t, prov, loadIntern(t, db, id))
+			return err == nil
+		})
+
+		// A model change restarts the daemon with the new model.
+		model := "cohort/other"
+		if _, err := e.Server.Interns.Update(ctx, e.Operator(), &cohortv1.UpdateInternRequest{Id: id, Model: &model}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "new model", func() bool {
+			st, err := status(t, prov, loadIntern(t, db, id))
+			return err == nil && st.GetModel() == model
+		})
+
+		// Suspended: the daemon stops and the intern is not ready.
+		pid = prov.DaemonPID(id)
+		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "daemon stopped", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
+		_, err = prov.Client(ctx, loadIntern(t, db, id))
+		if !apierr.Is(err, 409, "intern_not_ready") {
+			t.Fatalf("suspended intern: %v", err)
+		}
+
+		// Resumed: provisioning, then running again.
+		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "running again", func() bool {
+			_, err := status(t, prov, loadIntern(t, db, id))
+			return err == nil
+		})
+
+		// A new intern gets its own daemon, directory and secret.
+		created, err := e.Server.Interns.Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{WorkspaceId: e.WorkspaceID, Name: "second"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "second running", func() bool { return loadIntern(t, db, created.GetId()).State == store.InternRunning })
+		if a, b := loadIntern(t, db, id), loadIntern(t, db, created.GetId()); a.DaemonURL == b.DaemonURL || a.DaemonSecret == b.DaemonSecret {
+			t.Fatal("two interns share a daemon or a secret")
+		}
+
+		// Deleted: the daemon stops and its directory goes.
+		pid = prov.DaemonPID(created.GetId())
+		if _, err := e.Server.Interns.Delete(ctx, e.Operator(), created.GetId()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "deleted daemon stopped", func() bool {
+			_, err := os.Stat(filepath.Join(dataDir, "interns", created.GetId()))
+			return !alive(pid) && os.IsNotExist(err)
+		})
+	})
+}
+
+// startDaemon serves an in-process daemon (its agent never starts: Status
+// still answers) as an operator would run one remotely.
+func startDaemon(t *testing.T, secret string) string {
+	t.Helper()
+	d, err := internd.New(internd.Config{InternID: "remote", Secret: secret, DataDir: t.TempDir(), AgentCommand: []string{"/nonexistent/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(d.Handler())
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(func() { srv.Close(); d.Close() })
+	return srv.URL
+}
+
+func TestRemoteRegister(t *testing.T) {
+	t.Parallel()
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		var prov *provision.Provisioner
+		e := testenv.New(t, db, func(s *server.Server) {
+			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Remote, HealthTimeout: 2 * time.Second}
+			s.Provisioner, s.Interns.Lifecycle = prov, prov
+		})
+		ctx := context.Background()
+		const secret = "remote-daemon-secret-0123456789"
+		url := startDaemon(t, secret)
+		before := loadIntern(t, db, e.InternID)
+
+		for _, c := range []struct {
+			id, url, secret string
+			status          int
+			reason          string
+		}{
+			{e.InternID, url, "wrong-secret", 502, "intern_unreachable"},
+			{e.InternID, "ftp://example", secret, 400, "bad_request"},
+			{e.InternID, "not a url", secret, 400, "bad_request"},
+			{e.InternID, url, "  ", 400, "bad_request"},
+			{"no-such-intern", url, secret, 404, "not_found"},
+		} {
+			_, err := prov.Register(ctx, c.id, c.url, c.secret)
+			if !apierr.Is(err, c.status, c.reason) {
+				t.Fatalf("Register(%q, %q): want %d %s, got %v", c.url, c.secret, c.status, c.reason, err)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Fatal("error shows the secret")
+			}
+		}
+		if after := loadIntern(t, db, e.InternID); *after != *before {
+			t.Fatalf("refused registrations changed the intern: %+v", after)
+		}
+
+		in, err := prov.Register(ctx, e.InternID, url+"/", secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.State != store.InternRunning || in.DaemonURL != url || in.Provisioner != provision.Remote {
+			t.Fatalf("registered: %+v", in)
+		}
+		// Stored wrapped, never in clear.
+		raw, _ := base64.StdEncoding.DecodeString(in.DaemonSecret)
+		if strings.Contains(in.DaemonSecret, secret) || strings.Contains(string(raw), secret) {
+			t.Fatal("daemon secret stored in clear")
+		}
+		if strings.Contains(e.Logs(), secret) {
+			t.Fatal("daemon secret in the logs")
+		}
+		st, err := status(t, prov, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetInternId() != "remote" {
+			t.Fatalf("status: %v", st)
+		}
+		// A wrapped secret copied onto another intern does not open.
+		other := *in
+		other.ID = "another"
+		if _, err := db.NewInsert().Model(&store.Intern{ID: "another", OrganizationID: in.OrganizationID, WorkspaceID: in.WorkspaceID,
+			Name: "x", Model: "m", State: store.InternRunning, CreatedAt: in.CreatedAt, DaemonURL: in.DaemonURL, DaemonSecret: in.DaemonSecret}).Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := prov.Client(ctx, &other); !apierr.Is(err, 502, "intern_unreachable") {
+			t.Fatalf("copied secret: %v", err)
+		}
+		// Suspended: not ready; resumed: running again once the daemon answers.
+		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), e.InternID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := prov.Client(ctx, in); !apierr.Is(err, 409, "intern_not_ready") {
+			t.Fatalf("suspended: %v", err)
+		}
+		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), e.InternID); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "resumed remote running", func() bool { return loadIntern(t, db, e.InternID).State == store.InternRunning })
+	})
+}

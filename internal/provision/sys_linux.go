@@ -1,0 +1,10 @@
+package provision
+
+import "syscall"
+
+// sysProcAttr puts a daemon in its own process group (so stopping it stops
+// its agent too) and has the kernel signal it if the gateway dies, so no
+// daemon outlives the gateway that started it.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+}
