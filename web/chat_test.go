@@ -34,12 +34,13 @@ func chatEnv(t *testing.T, d *daemon) (*testenv.Env, *browsertest.Browser) {
 	return e, b
 }
 
-// TestChatPermissionPause: a manual-mode prompt streams reasoning apart from
-// content, pauses on a permission shown as one button per offered kind (and
-// cancel), the answer from a button goes back as the echoed tool call and a
-// tool message in the same session, and the same run streams on to its end
-// with the session id, the models and the usage shown.
-func TestChatPermissionPause(t *testing.T) {
+// TestChatPauseForwarding (scripted daemon, so every detail is fixed): a
+// manual-mode prompt streams reasoning apart from content, pauses on a
+// permission shown as one button per offered kind (and cancel), the answer
+// from a button reaches the daemon as that interaction's answer in that
+// session, and the same run streams on to its end with the session id, each
+// model the chunks named and the usage with cached tokens and cost.
+func TestChatPauseForwarding(t *testing.T) {
 	t.Parallel()
 	d := newDaemon(t)
 	const model = "cohort/demo"
@@ -81,7 +82,6 @@ func TestChatPermissionPause(t *testing.T) {
 	if focused := browsertest.Get(t, b, chromedp.Evaluate[string](`document.activeElement.dataset.kind || ""`)); focused != "allow_once" {
 		t.Fatalf("focus on %q after the pause, want the first option", focused)
 	}
-	screenshot(t, b, "console-playground.png")
 	b.Do(t,
 		chromedp.Click(css(".pause button[data-kind=allow_once]")),
 		chromedp.WaitVisible(css(".turn .answered")),

@@ -19,6 +19,7 @@ type Permission = { kind: "permission"; operation: string | null; options: strin
 type FieldDesc = { name: string; type: string; required: boolean; options?: string[] };
 type Elicitation = { kind: "elicitation"; message: string; fields: FieldDesc[] };
 type Interaction = Permission | Elicitation;
+const SERVICE_MODEL = "service/intern";
 type ChatRequest = Parameters<typeof chat.streamChatCompletion>[0];
 
 // Turn is one prompt's part of the transcript. Text goes into the current
@@ -29,7 +30,8 @@ class Turn {
   private reasoning: HTMLElement | null = null;
   private content: HTMLElement | null = null;
   private models: HTMLElement;
-  private lastModel = "";
+  private seen: string[] = [];
+  private current = "";
 
   constructor(prompt: string, mode: string) {
     this.models = h("span", { class: "models" });
@@ -41,12 +43,19 @@ class Turn {
     );
   }
 
-  // model records the chunk's model; a change within the stream is shown.
+  // model records the chunk's model: text spans carry it (hover shows the
+  // model of each chunk), and the line above lists the models in the order
+  // they appeared. "service/intern" marks chunks the service emitted itself
+  // and is listed only when the intern reported no model at all.
   model(m: string): void {
-    if (!m || m === this.lastModel) return;
-    if (this.lastModel) this.models.append(" → ");
-    this.models.append(h("code", {}, m));
-    this.lastModel = m;
+    this.current = m;
+    if (m && !this.seen.includes(m)) this.seen.push(m);
+    const real = this.seen.filter((x) => x !== SERVICE_MODEL);
+    this.models.replaceChildren(...(real.length ? real : this.seen).flatMap((x, i) => [i ? " → " : "", h("code", {}, x)]));
+  }
+
+  private span(text: string): HTMLElement {
+    return h("span", { title: `model: ${this.current}`, "data-model": this.current }, text);
   }
 
   addReasoning(text: string): void {
@@ -54,7 +63,7 @@ class Turn {
       this.reasoning = h("div", { class: "reasoning-text" });
       this.el.append(h("details", { class: "reasoning", open: true }, h("summary", {}, "Reasoning"), this.reasoning));
     }
-    this.reasoning.append(text);
+    this.reasoning.append(this.span(text));
   }
 
   addContent(text: string): void {
@@ -62,7 +71,7 @@ class Turn {
       this.content = h("div", { class: "content" });
       this.el.append(this.content);
     }
-    this.content.append(text);
+    this.content.append(this.span(text));
   }
 
   // append adds a block (a pause, an error, the final details) and starts a
