@@ -20,6 +20,8 @@ export async function keysPage(root: HTMLElement): Promise<void> {
   const syncKind = () => {
     ws.disabled = kind.value === "management";
     if (ws.disabled) ws.value = "";
+    // A workspace key needs one: offer the first rather than an error.
+    if (kind.value === "workspace" && ws.value === "" && ws.options.length > 1) ws.selectedIndex = 1;
   };
   kind.addEventListener("change", syncKind);
 
