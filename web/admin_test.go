@@ -242,7 +242,7 @@ func TestInterns(t *testing.T) {
 		chromedp.SetValue(css("input[name=model]"), " "),
 		chromedp.Click(css("form:not(.inline) button[type=submit]")),
 	)
-	if msg := b.Text(t, "#" + browsertest.Get(t, b, chromedp.Evaluate[string](`document.querySelector("input[name=model]").id`)) + "-err"); msg != "model is required" {
+	if msg := b.Text(t, "#"+fieldID(t, b, "model")+"-err"); msg != "model is required" {
 		t.Fatalf("blank model: %q", msg)
 	}
 	b.NoErrors(t)

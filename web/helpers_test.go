@@ -194,3 +194,9 @@ func contains(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// fieldID is the id of the control named name.
+func fieldID(t *testing.T, b *browsertest.Browser, name string) string {
+	t.Helper()
+	return browsertest.Get(t, b, chromedp.Evaluate[string](`document.querySelector("[name=`+name+`]").id`))
+}
