@@ -40,6 +40,10 @@ type adminFlags struct {
 	internsProgramme, workloadIdentity, vaultWrites                             bool
 }
 
+// adminFlagHooks register the flags of command groups kept in their own
+// files (admin_federation.go).
+var adminFlagHooks []func(*flag.FlagSet)
+
 type adminCmd struct {
 	help string
 	run  func(ctx context.Context, e *adminEnv) error
@@ -332,6 +336,9 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.internsProgramme, "interns-programme", false, "entitlement: the interns programme")
 	fs.BoolVar(&f.workloadIdentity, "workload-identity", false, "entitlement: workload identity federation")
 	fs.BoolVar(&f.vaultWrites, "vault-writes", false, "entitlement: vault writes")
+	for _, register := range adminFlagHooks {
+		register(fs)
+	}
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}
