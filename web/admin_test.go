@@ -256,7 +256,7 @@ func TestPagesFitAPhone(t *testing.T) {
 	e := testenv.New(t, storetest.SQLite(t))
 	b := browsertest.New(t, 390, 844)
 	signIn(t, b, e.HTTP.URL+"/", e.ManagementKey)
-	for _, page := range []string{"workspaces", "keys", "interns", "chat", "vault"} {
+	for _, page := range []string{"workspaces", "keys", "interns", "chat", "vault", "federation"} {
 		b.Do(t, chromedp.Navigate(e.HTTP.URL+"/#/"+page), chromedp.WaitVisible(css("h1")))
 		until(t, b, `document.querySelectorAll("select option").length > 0 || !document.querySelector("select")`)
 		width := browsertest.Get(t, b, chromedp.Evaluate[int](`document.documentElement.scrollWidth`))

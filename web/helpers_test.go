@@ -200,3 +200,10 @@ func fieldID(t *testing.T, b *browsertest.Browser, name string) string {
 	t.Helper()
 	return browsertest.Get(t, b, chromedp.Evaluate[string](`document.querySelector("[name=`+name+`]").id`))
 }
+
+// clear empties a control as a user would, so its input handlers run
+// (chromedp.SetValue refuses an empty value).
+func clear(t *testing.T, b *browsertest.Browser, sel string) {
+	t.Helper()
+	browsertest.Get(t, b, chromedp.Evaluate[bool](`(() => { const el = document.querySelector(`+"`"+sel+"`"+`); el.value = ""; el.dispatchEvent(new Event("input")); return true })()`))
+}

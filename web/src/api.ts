@@ -7,6 +7,7 @@ import { AdminService } from "./gen/cohort/v1/admin_pb";
 import { InternService } from "./gen/cohort/v1/intern_pb";
 import { VaultService } from "./gen/cohort/v1/vault_pb";
 import { ChatService } from "./gen/cohort/v1/chat_pb";
+import { FederationService } from "./gen/cohort/v1/federation_pb";
 import { ErrorDetailSchema } from "./gen/cohort/v1/errors_pb";
 
 const KEY = "cohort.apiKey";
@@ -49,6 +50,7 @@ export const admin = createClient(AdminService, transport);
 export const interns = createClient(InternService, transport);
 export const vault = createClient(VaultService, transport);
 export const chat = createClient(ChatService, transport);
+export const federation = createClient(FederationService, transport);
 
 // errorText shows an error as the API words it.
 export function errorText(err: unknown): string {

@@ -5,6 +5,7 @@ import { keysPage } from "./pages/keys";
 import { internsPage } from "./pages/interns";
 import { vaultPage } from "./pages/vault";
 import { chatPage } from "./pages/chat";
+import { federationPage } from "./pages/federation";
 
 const app = document.getElementById("app")!;
 const nav = document.getElementById("nav")!;
@@ -18,6 +19,7 @@ const pages: Record<string, [string, Page]> = {
   interns: ["Interns", internsPage],
   chat: ["Playground", chatPage],
   vault: ["Vault", vaultPage],
+  federation: ["Workload identity", federationPage],
 };
 
 function render(): void {
