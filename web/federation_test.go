@@ -125,6 +125,23 @@ func TestFederationSettings(t *testing.T) {
 	if p := policies()[0]; p.Enabled {
 		t.Fatal("still enabled after the switch")
 	}
+	// Edit the issuer's name and the policy's audience; the switch state stays.
+	b.Do(t,
+		chromedp.Click(css("button[aria-label='Edit issuer GitHub Actions']")),
+		chromedp.SetValue(css("input[name=issuer_name]"), "GHA"),
+		chromedp.Click(css("form[aria-label=Issuer] button[type=submit]")),
+		chromedp.WaitVisible(css("button[aria-label='Edit issuer GHA']")),
+		chromedp.Click(css("section.policy button[aria-label='Edit this policy']")),
+		chromedp.SetValue(css("input[name=audience]"), "cohort-prod"),
+		chromedp.Click(css(".policy-editor button[type=submit]")),
+	)
+	until(t, b, `document.querySelector("section.policy").textContent.includes("cohort-prod")`)
+	if p := policies()[0]; p.Audience != "cohort-prod" || p.Enabled || p.Condition != pol.Condition {
+		t.Fatalf("after the edit: %+v", p)
+	}
+	if err := e.DB.NewSelect().Model(&iss).WherePK().Scan(context.Background()); err != nil || iss.Name != "GHA" {
+		t.Fatalf("issuer after the edit: %+v, %v", iss, err)
+	}
 	// A dry run of a token that is not a JWT: each check, and the failure.
 	b.Do(t,
 		chromedp.Click(css("section.policy details.dry-run summary")),
