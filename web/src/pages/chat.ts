@@ -54,8 +54,15 @@ class Turn {
     this.models.replaceChildren(...(real.length ? real : this.seen).flatMap((x, i) => [i ? " → " : "", h("code", {}, x)]));
   }
 
-  private span(text: string): HTMLElement {
-    return h("span", { title: `model: ${this.current}`, "data-model": this.current }, text);
+  // put appends text to block in a span of the current model; consecutive
+  // chunks of one model share a span (a long answer is thousands of chunks).
+  private put(block: HTMLElement, text: string): void {
+    const last = block.lastElementChild as HTMLElement | null;
+    if (last && last.dataset.model === this.current) {
+      last.append(text);
+      return;
+    }
+    block.append(h("span", { title: `model: ${this.current}`, "data-model": this.current }, text));
   }
 
   addReasoning(text: string): void {
@@ -63,7 +70,7 @@ class Turn {
       this.reasoning = h("div", { class: "reasoning-text" });
       this.el.append(h("details", { class: "reasoning", open: true }, h("summary", {}, "Reasoning"), this.reasoning));
     }
-    this.reasoning.append(this.span(text));
+    this.put(this.reasoning, text);
   }
 
   addContent(text: string): void {
@@ -71,7 +78,7 @@ class Turn {
       this.content = h("div", { class: "content" });
       this.el.append(this.content);
     }
-    this.content.append(this.span(text));
+    this.put(this.content, text);
   }
 
   // append adds a block (a pause, an error, the final details) and starts a
@@ -143,7 +150,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
         status.textContent = "Refused.";
       } else {
         turn.append(message("error", errorText(err)));
-        status.textContent = "Refused.";
+        status.textContent = first ? "Refused." : "Failed.";
       }
       return;
     } finally {
