@@ -43,12 +43,11 @@ type fedFlagSet struct {
 	limit                                                             int
 }
 
-var fedFlags fedFlagSet
-
 func init() {
-	adminFlagHooks = append(adminFlagHooks, func(fs *flag.FlagSet) {
-		fedFlags = fedFlagSet{}
-		f := &fedFlags
+	// Each invocation gets its own flag values (tests run the CLI in parallel).
+	adminFlagHooks = append(adminFlagHooks, func(fs *flag.FlagSet, e *adminEnv) {
+		e.fed = &fedFlagSet{}
+		f := e.fed
 		fs.Var(&f.issuerURL, "issuer-url", "federation: issuer URL (https://, equal to the tokens' iss)")
 		fs.Var(&f.jwksURL, "jwks-url", "federation: JWKS URL (empty: discovery)")
 		fs.Var(&f.subject, "subject", "federation: the token sub a policy requires")
@@ -67,7 +66,7 @@ func init() {
 	})
 	for name, cmd := range map[string]adminCmd{
 		"federation issuer-create": {"--org ID --name N --issuer-url URL [--jwks-url URL]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			i, err := s.CreateIssuer(ctx, p, &cohortv1.CreateIssuerRequest{Name: e.f.name, IssuerUrl: fedFlags.issuerURL.v, JwksUrl: fedFlags.jwksURL.v})
+			i, err := s.CreateIssuer(ctx, p, &cohortv1.CreateIssuerRequest{Name: e.f.name, IssuerUrl: e.fed.issuerURL.v, JwksUrl: e.fed.jwksURL.v})
 			if err != nil {
 				return err
 			}
@@ -89,7 +88,7 @@ func init() {
 		})},
 		"federation issuer-update": {"--org ID --id ISSUER_ID [--name N] [--issuer-url URL] [--jwks-url URL|\"\"]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
 			i, err := s.UpdateIssuer(ctx, p, &cohortv1.UpdateIssuerRequest{Id: e.f.id, Name: optional(e.f.name),
-				IssuerUrl: fedFlags.issuerURL.ptr(), JwksUrl: fedFlags.jwksURL.ptr()})
+				IssuerUrl: e.fed.issuerURL.ptr(), JwksUrl: e.fed.jwksURL.ptr()})
 			if err != nil {
 				return err
 			}
@@ -103,20 +102,20 @@ func init() {
 			return e.printOne(&cohortv1.DeleteIssuerResponse{DeletedPolicies: int32(n)})
 		})},
 		"federation policy-create": {"--org ID --issuer ISSUER_ID --audience A --api-key KEY_ID [--subject S] [--condition CEL] [--enabled false] [--scopes V] [--token-type V]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			req := &cohortv1.CreatePolicyRequest{IssuerId: fedFlags.issuer, Subject: fedFlags.subject.v, Audience: fedFlags.audience.v,
-				Condition: fedFlags.condition.v, ApiKeyId: fedFlags.apiKey.v}
-			if fedFlags.enabled.set {
-				on, err := strconv.ParseBool(fedFlags.enabled.v)
+			req := &cohortv1.CreatePolicyRequest{IssuerId: e.fed.issuer, Subject: e.fed.subject.v, Audience: e.fed.audience.v,
+				Condition: e.fed.condition.v, ApiKeyId: e.fed.apiKey.v}
+			if e.fed.enabled.set {
+				on, err := strconv.ParseBool(e.fed.enabled.v)
 				if err != nil {
 					return errors.New("--enabled: want true or false")
 				}
 				req.Enabled = &on
 			}
-			if fedFlags.scopes != "" {
-				req.ClaimChecks = append(req.ClaimChecks, &cohortv1.ClaimCheck{Kind: federation.CheckScopes, Value: fedFlags.scopes})
+			if e.fed.scopes != "" {
+				req.ClaimChecks = append(req.ClaimChecks, &cohortv1.ClaimCheck{Kind: federation.CheckScopes, Value: e.fed.scopes})
 			}
-			if fedFlags.tokenType != "" {
-				req.ClaimChecks = append(req.ClaimChecks, &cohortv1.ClaimCheck{Kind: federation.CheckTokenType, Value: fedFlags.tokenType})
+			if e.fed.tokenType != "" {
+				req.ClaimChecks = append(req.ClaimChecks, &cohortv1.ClaimCheck{Kind: federation.CheckTokenType, Value: e.fed.tokenType})
 			}
 			pol, err := s.CreatePolicy(ctx, p, req)
 			if err != nil {
@@ -125,7 +124,7 @@ func init() {
 			return e.printOne(pol)
 		})},
 		"federation policy-list": {"--org ID [--issuer ISSUER_ID]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			ps, err := s.ListPolicies(ctx, p, fedFlags.issuer)
+			ps, err := s.ListPolicies(ctx, p, e.fed.issuer)
 			if err != nil {
 				return err
 			}
@@ -139,10 +138,10 @@ func init() {
 			return e.printOne(pol)
 		})},
 		"federation policy-update": {"--org ID --id POLICY_ID [--subject S] [--audience A] [--condition CEL] [--api-key KEY_ID] [--enabled true|false]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			req := &cohortv1.UpdatePolicyRequest{Id: e.f.id, Subject: fedFlags.subject.ptr(), Audience: fedFlags.audience.ptr(),
-				Condition: fedFlags.condition.ptr(), ApiKeyId: fedFlags.apiKey.ptr()}
-			if fedFlags.enabled.set {
-				on, err := strconv.ParseBool(fedFlags.enabled.v)
+			req := &cohortv1.UpdatePolicyRequest{Id: e.f.id, Subject: e.fed.subject.ptr(), Audience: e.fed.audience.ptr(),
+				Condition: e.fed.condition.ptr(), ApiKeyId: e.fed.apiKey.ptr()}
+			if e.fed.enabled.set {
+				on, err := strconv.ParseBool(e.fed.enabled.v)
 				if err != nil {
 					return errors.New("--enabled: want true or false")
 				}
@@ -161,7 +160,7 @@ func init() {
 			return e.printOne(&cohortv1.DeletePolicyResponse{})
 		})},
 		"federation claim-set": {"--org ID --id POLICY_ID --kind scopes|token_type --value V", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			pol, err := s.SetClaimCheck(ctx, p, e.f.id, &cohortv1.ClaimCheck{Kind: e.f.kind, Value: fedFlags.value})
+			pol, err := s.SetClaimCheck(ctx, p, e.f.id, &cohortv1.ClaimCheck{Kind: e.f.kind, Value: e.fed.value})
 			if err != nil {
 				return err
 			}
@@ -175,16 +174,16 @@ func init() {
 			return e.printOne(pol)
 		})},
 		"federation condition-validate": {"--org ID --condition CEL", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			res, err := s.ValidateCondition(ctx, p, fedFlags.condition.v)
+			res, err := s.ValidateCondition(ctx, p, e.fed.condition.v)
 			if err != nil {
 				return err
 			}
 			return e.printOne(res)
 		})},
 		"federation dry-run": {"--org ID --id POLICY_ID (--token JWT | --token-file F) [--extra-ca-file F]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			tok := fedFlags.token
-			if fedFlags.tokenFile != "" {
-				b, err := os.ReadFile(fedFlags.tokenFile)
+			tok := e.fed.token
+			if e.fed.tokenFile != "" {
+				b, err := os.ReadFile(e.fed.tokenFile)
 				if err != nil {
 					return err
 				}
@@ -197,7 +196,7 @@ func init() {
 			return e.printOne(res)
 		})},
 		"federation exchanges": {"--org ID [--id POLICY_ID] [--limit N]   (the exchange audit, newest first)", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
-			res, err := s.ListExchanges(ctx, p, &cohortv1.ListExchangesRequest{PolicyId: e.f.id, PageSize: int32(fedFlags.limit)})
+			res, err := s.ListExchanges(ctx, p, &cohortv1.ListExchangesRequest{PolicyId: e.f.id, PageSize: int32(e.fed.limit)})
 			if err != nil {
 				return err
 			}
@@ -216,7 +215,7 @@ func fedCmd(run func(context.Context, *adminEnv, *federation.Service, *auth.Prin
 		if err != nil {
 			return err
 		}
-		roots, err := safehttp.ExtraRootsFromFile(fedFlags.extraCAFile)
+		roots, err := safehttp.ExtraRootsFromFile(e.fed.extraCAFile)
 		if err != nil {
 			return err
 		}

@@ -12,11 +12,12 @@ import (
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/uptrace/bun"
+	"google.golang.org/protobuf/proto"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/accounts"
-	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/apierr"
 )
 
 // verifyIssued checks an access token the way a resource server would:
@@ -114,11 +115,10 @@ func TestExchangeIssuesAccessToken(t *testing.T) {
 func TestAccessTokenUse(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, db *bun.DB, p *idp) {
-		// No inference route exists yet (the chat is a later issue): for
-		// this test ListWorkspaces stands in for one.
-		f := newFed(t, db, p, func(s *server.Server) {
-			s.Auth.AccessTokenProcedures = map[string]bool{cohortv1connect.WorkspaceServiceListWorkspacesProcedure: true}
-		})
+		// The intern chat is the inference route. No daemon runs in this
+		// test, so a token that authenticates reaches the intern gate and
+		// gets 409 intern_not_ready, where a refused one gets 401 or 403.
+		f := newFed(t, db, p)
 		tok, _ := issued(t, f.exchange(t, p.token(t, kidRSA, p.claims())))
 		pr, err := f.Server.Auth.Bearer(context.Background(), "Bearer "+tok)
 		if err != nil {
@@ -127,16 +127,40 @@ func TestAccessTokenUse(t *testing.T) {
 		if !pr.AccessToken || pr.KeyID != f.keyID || pr.KeyKind != "workspace" || pr.WorkspaceID != f.WorkspaceID {
 			t.Fatalf("principal %+v", pr)
 		}
-		ws := cohortv1connect.NewWorkspaceServiceClient(f.HTTPClient(), f.URL)
-		if _, err := try(ws.ListWorkspaces, tok, &cohortv1.ListWorkspacesRequest{}); err != nil {
-			t.Fatalf("the stand-in inference route refused the token: %v", err)
+		chatPath := "/interns/" + f.InternID + "/chat/completions"
+		chatBody := `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		chatREST := func() (int, string) {
+			status, body, _ := f.Do(t, http.MethodPost, chatPath, tok, "application/json", chatBody)
+			return status, body
 		}
+		if status, body := chatREST(); status != http.StatusConflict || !strings.Contains(body, `"intern_not_ready"`) {
+			t.Fatalf("chat (REST) with an access token: %d %s", status, body)
+		}
+		chat := cohortv1connect.NewChatServiceClient(f.HTTPClient(), f.URL)
+		chatConnect := func() error {
+			req := connect.NewRequest(&cohortv1.StreamChatCompletionRequest{InternId: f.InternID,
+				Messages: []*cohortv1.ChatMessage{{Role: "user", Content: proto.String("hi")}}})
+			req.Header().Set("Authorization", "Bearer "+tok)
+			st, err := chat.StreamChatCompletion(context.Background(), req)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for st.Receive() {
+			}
+			return st.Err()
+		}
+		if err := chatConnect(); apierr.FromConnect(err).Reason != "intern_not_ready" {
+			t.Fatalf("chat (Connect) with an access token: %v", err)
+		}
+		ws := cohortv1connect.NewWorkspaceServiceClient(f.HTTPClient(), f.URL)
 
 		// Everything else refuses it with 403.
 		admin := cohortv1connect.NewAdminServiceClient(f.HTTPClient(), f.URL)
 		interns := cohortv1connect.NewInternServiceClient(f.HTTPClient(), f.URL)
 		for name, err := range map[string]error{
 			"workspace create": second(try(ws.CreateWorkspace, tok, &cohortv1.CreateWorkspaceRequest{})),
+			"workspace list":   second(try(ws.ListWorkspaces, tok, &cohortv1.ListWorkspacesRequest{})),
 			"workspace get":    second(try(ws.GetWorkspace, tok, &cohortv1.GetWorkspaceRequest{Id: f.WorkspaceID})),
 			"admin":            second(try(admin.ListApiKeys, tok, &cohortv1.ListApiKeysRequest{})),
 			"interns":          second(try(interns.ListInterns, tok, &cohortv1.ListInternsRequest{WorkspaceId: f.WorkspaceID})),
@@ -157,18 +181,21 @@ func TestAccessTokenUse(t *testing.T) {
 		if _, err := acc.DisableAPIKey(context.Background(), f.Operator(), f.keyID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := try(ws.ListWorkspaces, tok, &cohortv1.ListWorkspacesRequest{}); connectCode(err) != "unauthenticated" {
-			t.Fatalf("token of a disabled key: %v", err)
+		if status, body := chatREST(); status != http.StatusUnauthorized {
+			t.Fatalf("token of a disabled key on chat (REST): %d %s", status, body)
+		}
+		if err := chatConnect(); connectCode(err) != "unauthenticated" {
+			t.Fatalf("token of a disabled key on chat (Connect): %v", err)
 		}
 		// While the key is disabled, exchanges are refused too.
 		expectError(t, f.exchange(t, p.token(t, kidRSA, p.claims())), 400, "invalid_grant")
 		acc.EnableAPIKey(context.Background(), f.Operator(), f.keyID)
-		if _, err := try(ws.ListWorkspaces, tok, &cohortv1.ListWorkspacesRequest{}); err != nil {
-			t.Fatalf("token after re-enabling: %v", err)
+		if status, body := chatREST(); status != http.StatusConflict {
+			t.Fatalf("token after re-enabling: %d %s", status, body)
 		}
 		acc.DeleteAPIKey(context.Background(), f.Operator(), f.keyID)
-		if _, err := try(ws.ListWorkspaces, tok, &cohortv1.ListWorkspacesRequest{}); connectCode(err) != "unauthenticated" {
-			t.Fatalf("token of a deleted key: %v", err)
+		if status, body := chatREST(); status != http.StatusUnauthorized {
+			t.Fatalf("token of a deleted key: %d %s", status, body)
 		}
 
 		// Tampered, foreign or oversized tokens are 401.
