@@ -59,6 +59,7 @@ func TestMain(m *testing.M) {
 // offline cohort/demo model. "$ echo hi" in manual mode pauses for
 // permission; the page offers exactly the four option kinds and cancel;
 // "Allow once" resumes the same run, which runs the command and finishes.
+// A question then becomes a form whose answer the agent uses.
 func TestChatPermissionPause(t *testing.T) {
 	t.Parallel()
 	bin := cohortBinary(t)
@@ -123,6 +124,18 @@ func TestChatPermissionPause(t *testing.T) {
 	}
 	if s := browsertest.Get(t, b, chromedp.Value(css("#session"))); s != session {
 		t.Fatalf("the answer moved the session from %q to %q", session, s)
+	}
+	// A question in the same session: the agent's form, answered and used.
+	b.Do(t,
+		chromedp.SendKeys(css("#prompt"), "is it done?"),
+		chromedp.Click(css("#send")),
+		chromedp.WaitVisible(css(".turn:nth-child(2) .pause.question input[name=answer]")),
+		chromedp.SendKeys(css(".pause.question input[name=answer]"), "yes"),
+		chromedp.Click(css(".pause.question button[data-action=accept]")),
+	)
+	until(t, b, `document.querySelectorAll(".turn").length === 2 && document.getElementById("chat-status").textContent === "Finished."`)
+	if c := b.Text(t, ".turn:nth-child(2)"); !contains(c, "Answered: Accepted", "You answered: yes", session) {
+		t.Fatalf("question turn:\n%s", c)
 	}
 	b.NoErrors(t)
 }
