@@ -174,6 +174,9 @@ func TestKeyboard(t *testing.T) {
 	tab("key")
 	b.Do(t, chromedp.KeyEvent(e.WorkspaceKey+"\r"), chromedp.WaitVisible(css("nav a[href='#/chat']")))
 	b.Do(t, chromedp.Navigate(e.HTTP.URL+"/#/chat"), chromedp.WaitVisible(css("#prompt")))
+	// The page's heading has focus once it is there (the playground loads
+	// its interns first), so Tab starts from the page, not the header.
+	until(t, b, `document.activeElement === document.querySelector("h1")`)
 	tab("prompt")
 	tab("send")
 	b.NoErrors(t)

@@ -1,5 +1,5 @@
 import { apiKey, signIn, signOut, workspaces, errorText, keyKind } from "./api";
-import { h, message, field, input, leave } from "./dom";
+import { h, message, field, input, leave, onLeave } from "./dom";
 import { workspacesPage } from "./pages/workspaces";
 import { keysPage } from "./pages/keys";
 import { internsPage } from "./pages/interns";
@@ -39,7 +39,18 @@ function render(): void {
   app.replaceChildren();
   document.title = `${entry ? entry[0] : "Sign in"} · Cohort console`;
   void Promise.resolve((entry ? entry[1] : signInPage)(app, decodeURIComponent(arg)));
-  app.querySelector("h1")?.focus();
+  // Move focus to the new page's heading, so keyboard and screen reader
+  // users start there; pages that load data first add it a moment later.
+  const focusHeading = () => {
+    const h1 = app.querySelector("h1");
+    h1?.focus();
+    return h1 !== null;
+  };
+  if (!focusHeading()) {
+    const mo = new MutationObserver(() => focusHeading() && mo.disconnect());
+    mo.observe(app, { childList: true, subtree: true });
+    onLeave(() => mo.disconnect());
+  }
 }
 
 function signInPage(root: HTMLElement): void {
