@@ -256,3 +256,59 @@ func TestChatRefusal(t *testing.T) {
 	}
 	b.NoErrors(t)
 }
+
+// TestChatPermissionCancel: Cancel on a permission pause sends "cancel";
+// the run's end arrives as an error chunk, shown with its code and reason.
+// An answer the daemon no longer waits for (409) closes the pause.
+func TestChatPermissionCancel(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	pause := events(
+		ev("m", &interndv1.Started{SessionId: "s-c", RunId: "r"}),
+		ev("m", &interndv1.Interaction{Id: "int-c", Kind: &interndv1.Interaction_Permission{Permission: &interndv1.Permission{Options: []string{"allow_once", "reject_once"}}}}),
+		ev("m", &interndv1.Finished{Reason: interndv1.Finished_REASON_PAUSED}),
+	)
+	d.set(pause, events(
+		ev("m", &interndv1.Started{SessionId: "s-c", RunId: "r", Continuation: true}),
+		ev("", &interndv1.Finished{Reason: interndv1.Finished_REASON_ENDED, Code: 410, ErrorReason: "run_ended", Message: "the caller cancelled the run"}),
+	))
+	_, b := chatEnv(t, d)
+	b.Do(t,
+		chromedp.SendKeys(css("#prompt"), "$ rm -rf /"),
+		chromedp.Click(css("#send")),
+		chromedp.WaitVisible(css(".pause button[data-kind=cancel]")),
+	)
+	if op := b.Text(t, ".pause p"); op != "The intern asks to use a tool." {
+		t.Fatalf("a permission without an operation reads %q", op)
+	}
+	b.Do(t, chromedp.Click(css(".pause button[data-kind=cancel]")))
+	until(t, b, `document.getElementById("chat-status").textContent === "Failed."`)
+	if msg := b.Text(t, ".turn .error[role=alert]"); msg != "the caller cancelled the run (410 run_ended)" {
+		t.Fatalf("error chunk shown as %q", msg)
+	}
+	if _, answers := d.calls(); len(answers) != 1 || answers[0].GetAnswer() != "cancel" || answers[0].GetInteractionId() != "int-c" {
+		t.Fatalf("answers %v", answers)
+	}
+	// A second pause whose answer comes too late: the pause shows the
+	// API's words and offers nothing more.
+	d.set(pause, func(context.Context, func(*interndv1.RunEvent) error) error {
+		return refusal(409, "interaction_not_pending", "the question is no longer waiting")
+	})
+	b.Do(t,
+		chromedp.SendKeys(css("#prompt"), "$ ls"),
+		chromedp.Click(css("#send")),
+		chromedp.WaitVisible(css(".turn:nth-child(2) .pause button[data-kind=allow_once]")),
+		chromedp.Click(css(".turn:nth-child(2) .pause button[data-kind=allow_once]")),
+		chromedp.WaitVisible(css(".turn:nth-child(2) .pause .error")),
+	)
+	if msg := b.Text(t, ".turn:nth-child(2) .pause .error"); msg != "the question is no longer waiting" {
+		t.Fatalf("late answer shown as %q", msg)
+	}
+	if open := browsertest.Get(t, b, chromedp.Evaluate[int](`[...document.querySelectorAll(".turn:nth-child(2) .pause button")].filter(b => !b.disabled).length`)); open != 0 {
+		t.Fatalf("%d pause buttons still enabled after interaction_not_pending", open)
+	}
+	if role := browsertest.Get(t, b, chromedp.Evaluate[string](`document.querySelector(".transcript").getAttribute("role")`)); role != "log" {
+		t.Fatalf("transcript role %q", role)
+	}
+	b.NoErrors(t)
+}
