@@ -32,7 +32,7 @@ func TestFederationSettings(t *testing.T) {
 		chromedp.SendKeys(css("input[name=issuer_url]"), "http://token.actions.example.com"),
 		chromedp.Click(css("form[aria-label=Issuer] button[type=submit]")),
 	)
-	if msg := b.Text(t, "#" + fieldID(t, b, "issuer_url") + "-err"); msg != "issuer_url must start with https://" {
+	if msg := b.Text(t, "#"+fieldID(t, b, "issuer_url")+"-err"); msg != "issuer_url must start with https://" {
 		t.Fatalf("issuer URL check: %q", msg)
 	}
 	b.Do(t,
@@ -62,7 +62,7 @@ func TestFederationSettings(t *testing.T) {
 		chromedp.SetValue(css("select[name=api_key_id]"), keyID),
 		chromedp.Click(css(".policy-editor button[type=submit]")),
 	)
-	if msg := b.Text(t, "#" + fieldID(t, b, "condition") + "-err"); msg != bad {
+	if msg := b.Text(t, "#"+fieldID(t, b, "condition")+"-err"); msg != bad {
 		t.Fatalf("submit with a bad condition: %q, want %q", msg, bad)
 	}
 	policies := func() []store.FederationPolicy {
