@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
 
 	"github.com/cohort-dev/cohort/internal/browsertest"
@@ -35,8 +36,19 @@ func TestAPIKeys(t *testing.T) {
 	if status, _, _ := e.Do(t, "POST", "/cohort.v1.WorkspaceService/ListWorkspaces", key, "application/json", "{}"); status != 200 {
 		t.Fatalf("the new key does not work: %d", status)
 	}
+	// The copy button puts the key on the clipboard (read back with the
+	// page's clipboard permission granted).
+	for _, name := range []string{"clipboard-read", "clipboard-write"} {
+		if _, err := chromedp.CallBrowser(b.Ctx, cdpbrowser.SetPermission, cdpbrowser.SetPermissionParams{
+			Permission: &cdpbrowser.PermissionDescriptor{Name: name}, Setting: cdpbrowser.PermissionSettingGranted, Origin: e.HTTP.URL}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	b.Do(t, chromedp.Click(css(".once button")))
-	until(t, b, `/Copied|Copy failed/.test(document.querySelector(".once [role=status]").textContent)`)
+	until(t, b, `document.querySelector(".once [role=status]").textContent === "Copied."`)
+	if clip := browsertest.Get(t, b, chromedp.Evaluate[string](`navigator.clipboard.readText()`, chromedp.EvalAwaitPromise)); clip != key {
+		t.Fatalf("clipboard holds %d characters, not the key", len(clip))
+	}
 	listed := b.Text(t, "table")
 	if !strings.Contains(listed, "ci runner") || strings.Contains(listed, key) || !strings.Contains(listed, key[:12]) {
 		t.Fatalf("list shows %q", listed)
