@@ -225,6 +225,9 @@ func TestChatStop(t *testing.T) {
 	}
 	b.Do(t, chromedp.Click(css("#stop")))
 	until(t, b, `document.getElementById("chat-status").textContent === "Stopped."`)
+	if id := browsertest.Get(t, b, chromedp.Evaluate[string](`document.activeElement.id`)); id != "prompt" {
+		t.Fatalf("focus on %q after stop, want the prompt", id)
+	}
 	select {
 	case err := <-d.ended:
 		if err == nil {

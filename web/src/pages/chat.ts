@@ -156,7 +156,11 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
     } finally {
       if (current === ctl) current = null;
       send.disabled = false;
+      // Focus on the stop button (now disabled) or on an answered pause
+      // (now gone) would fall to the page: keyboard users go on from the prompt.
+      const lost = document.activeElement === stop || document.activeElement === document.body || !document.activeElement?.isConnected;
       stop.disabled = true;
+      if (lost) prompt.focus();
     }
     const sid = final?.sessionId;
     if (sid !== undefined) session.value = sid;
