@@ -1,4 +1,5 @@
 // A few helpers to build the DOM without a framework (the console stays small).
+import { errorText } from "./api";
 type Attrs = Record<string, string | boolean | undefined | ((e: Event) => void)>;
 type Child = Node | string | null | undefined | false;
 
@@ -165,4 +166,17 @@ export function leave(): void {
   const fns = leaving;
   leaving = [];
   for (const fn of fns) fn();
+}
+
+// actions makes the handlers of a list's buttons: each runs its call, shows
+// what it did (or the API's refusal) in out, then reloads the list.
+export function actions(out: HTMLElement, reload: () => Promise<void>) {
+  return (call: () => Promise<string>) => async () => {
+    try {
+      out.replaceChildren(message("ok", await call()));
+    } catch (err) {
+      out.replaceChildren(message("error", errorText(err)));
+    }
+    await reload();
+  };
 }

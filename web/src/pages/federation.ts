@@ -8,7 +8,7 @@ import type { ClaimCheck, FederationIssuer, FederationPolicy, Exchange } from ".
 import type { ApiKey } from "../gen/cohort/v1/admin_pb";
 import {
   h, message, field, input, select, textarea, option, button, rule, validate, table, row, when,
-  required, maxRunes, noControl, runes, confirmButton, uid, type Rule,
+  required, maxRunes, noControl, runes, confirmButton, uid, actions, type Rule,
 } from "../dom";
 
 const CLAIM_KINDS = ["scopes", "token_type"];
@@ -129,15 +129,10 @@ export async function federationPage(root: HTMLElement): Promise<void> {
                   iCancel.hidden = false;
                   iName.focus();
                 }, { class: "secondary", "aria-label": `Edit issuer ${i.name}` }),
-                confirmButton("Delete", "Delete it and its policies", async () => {
-                  try {
-                    const res = await federation.deleteIssuer({ id: i.id });
-                    issuerOut.replaceChildren(message("ok", `Deleted issuer ${i.name} and ${res.deletedPolicies} policies`));
-                  } catch (err) {
-                    issuerOut.replaceChildren(message("error", errorText(err)));
-                  }
-                  await refresh();
-                }, `Delete issuer ${i.name}`),
+                confirmButton("Delete", "Delete it and its policies", actions(issuerOut, refresh)(async () => {
+                  const res = await federation.deleteIssuer({ id: i.id });
+                  return `Deleted issuer ${i.name} and ${res.deletedPolicies} policies`;
+                }), `Delete issuer ${i.name}`),
               ),
             ),
           ),
@@ -148,6 +143,7 @@ export async function federationPage(root: HTMLElement): Promise<void> {
   const policyEditor = makePolicyEditor(st, policyOut, refresh);
 
   // ---- A policy: its fields, enable switch, claim checks one by one, dry run ----
+  const act = actions(policyOut, refresh);
   const policyCard = (p: FederationPolicy): HTMLElement => {
     const out = h("div", { class: "out" });
     const issuer = st.issuers.find((i) => i.id === p.issuerId);
@@ -165,15 +161,10 @@ export async function federationPage(root: HTMLElement): Promise<void> {
     });
     const checks = h("ul", { class: "claim-checks" }, ...p.claimChecks.map((c) =>
       h("li", {}, h("code", {}, c.kind), " = ", h("code", {}, c.value), " ",
-        button("Remove", async () => {
-          try {
-            await federation.removeClaimCheck({ policyId: p.id, kind: c.kind });
-            policyOut.replaceChildren(message("ok", `Removed the ${c.kind} check`));
-          } catch (err) {
-            policyOut.replaceChildren(message("error", errorText(err)));
-          }
-          await refresh();
-        }, { class: "secondary", "aria-label": `Remove the ${c.kind} check` })),
+        button("Remove", act(async () => {
+          await federation.removeClaimCheck({ policyId: p.id, kind: c.kind });
+          return `Removed the ${c.kind} check`;
+        }), { class: "secondary", "aria-label": `Remove the ${c.kind} check` })),
     ));
     const free = CLAIM_KINDS.filter((k) => !p.claimChecks.some((c) => c.kind === k));
     const addKind = select({ name: "claim_kind" }, ...free.map((k) => option(k)));
@@ -187,13 +178,10 @@ export async function federationPage(root: HTMLElement): Promise<void> {
         onsubmit: async (e: Event) => {
           e.preventDefault();
           if (!validate(addForm)) return;
-          try {
+          await act(async () => {
             await federation.setClaimCheck({ policyId: p.id, check: { kind: addKind.value, value: addValue.value } });
-            policyOut.replaceChildren(message("ok", `Added the ${addKind.value} check`));
-          } catch (err) {
-            policyOut.replaceChildren(message("error", errorText(err)));
-          }
-          await refresh();
+            return `Added the ${addKind.value} check`;
+          })();
         },
       },
       field("Kind", addKind),
@@ -223,15 +211,10 @@ export async function federationPage(root: HTMLElement): Promise<void> {
         "div",
         { class: "actions" },
         button("Edit", () => policyEditor.edit(p), { class: "secondary", "aria-label": "Edit this policy" }),
-        confirmButton("Delete", "Confirm delete", async () => {
-          try {
-            await federation.deletePolicy({ id: p.id });
-            policyOut.replaceChildren(message("ok", "Deleted the policy"));
-          } catch (err) {
-            policyOut.replaceChildren(message("error", errorText(err)));
-          }
-          await refresh();
-        }, "Delete this policy"),
+        confirmButton("Delete", "Confirm delete", act(async () => {
+          await federation.deletePolicy({ id: p.id });
+          return "Deleted the policy";
+        }), "Delete this policy"),
       ),
       out,
       dryRun(p),

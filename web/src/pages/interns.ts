@@ -2,7 +2,7 @@
 // model, suspend, resume, delete; links to the playground and the vault.
 import { interns, errorText } from "../api";
 import type { Intern } from "../gen/cohort/v1/intern_pb";
-import { h, message, field, input, button, rule, validate, table, row, when, required, maxRunes, confirmButton } from "../dom";
+import { h, message, field, input, button, rule, validate, table, row, when, required, maxRunes, confirmButton, actions } from "../dom";
 import { workspaceSelect } from "../pickers";
 
 export async function internsPage(root: HTMLElement, wsArg: string): Promise<void> {
@@ -28,15 +28,10 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
       list.replaceChildren(message("error", errorText(err)));
     }
   };
-  const act = (verb: string, fn: () => Promise<{ intern?: Intern }>) => async () => {
-    try {
-      const res = await fn();
-      rowOut.replaceChildren(message("ok", `${verb}: ${res.intern?.name} is ${res.intern?.state}`));
-    } catch (err) {
-      rowOut.replaceChildren(message("error", errorText(err)));
-    }
-    await load();
-  };
+  const act = (verb: string, fn: () => Promise<{ intern?: Intern }>) => actions(rowOut, load)(async () => {
+    const res = await fn();
+    return `${verb}: ${res.intern?.name} is ${res.intern?.state}`;
+  });
   const internRow = (i: Intern) => {
     const model = rule(input({ value: i.model, "aria-label": `Model of ${i.name}`, class: "inline", spellcheck: "false" }), required("model"), maxRunes("model", 256));
     const edit = h(

@@ -2,7 +2,7 @@
 // disable, enable and delete. Every call needs a management key.
 import { admin, errorText } from "../api";
 import type { ApiKey } from "../gen/cohort/v1/admin_pb";
-import { h, message, field, input, select, option, button, rule, validate, table, row, when, maxRunes, noControl, confirmButton } from "../dom";
+import { h, message, field, input, select, option, button, rule, validate, table, row, when, maxRunes, noControl, confirmButton, actions } from "../dom";
 import { listWorkspaces } from "../pickers";
 
 export async function keysPage(root: HTMLElement): Promise<void> {
@@ -35,15 +35,10 @@ export async function keysPage(root: HTMLElement): Promise<void> {
       list.replaceChildren(message("error", errorText(err)));
     }
   };
-  const act = (verb: string, fn: () => Promise<unknown>) => async () => {
-    try {
-      await fn();
-      rowOut.replaceChildren(message("ok", verb));
-    } catch (err) {
-      rowOut.replaceChildren(message("error", errorText(err)));
-    }
-    await load();
-  };
+  const act = (verb: string, fn: () => Promise<unknown>) => actions(rowOut, load)(async () => {
+    await fn();
+    return verb;
+  });
   const keyRow = (k: ApiKey) =>
     row(
       k.name,
