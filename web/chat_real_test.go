@@ -112,6 +112,7 @@ func TestChatPermissionPause(t *testing.T) {
 	if session == "" || b.Text(t, ".turn .session-id") != session {
 		t.Fatalf("session %q not shown", session)
 	}
+	fitsPhone(t, b, "paused playground")
 	screenshot(t, b, "console-playground.png")
 	b.Do(t, chromedp.Click(css(".pause button[data-kind=allow_once]")))
 	until(t, b, `document.getElementById("chat-status").textContent === "Finished."`)

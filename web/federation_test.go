@@ -88,6 +88,7 @@ func TestFederationSettings(t *testing.T) {
 		chromedp.Click(css(".policy-editor fieldset .toolbar button")),
 		chromedp.WaitVisible(css(".policy-editor button[aria-label='Remove the token_type check']")),
 	)
+	fitsPhone(t, b, "policy editor")
 	screenshot(t, b, "console-policy.png")
 	b.Do(t,
 		chromedp.Click(css(".policy-editor button[type=submit]")),
@@ -166,5 +167,6 @@ func TestFederationSettings(t *testing.T) {
 	if audit := b.Text(t, "table[data-audit]"); !contains(audit, "refused") {
 		t.Fatalf("audit:\n%s", audit)
 	}
+	fitsPhone(t, b, "policy card")
 	b.NoErrors(t)
 }

@@ -207,3 +207,11 @@ func clear(t *testing.T, b *browsertest.Browser, sel string) {
 	t.Helper()
 	browsertest.Get(t, b, chromedp.Evaluate[bool](`(() => { const el = document.querySelector(`+"`"+sel+"`"+`); el.value = ""; el.dispatchEvent(new Event("input")); return true })()`))
 }
+
+// fitsPhone fails t when the page scrolls sideways at the 390 px viewport.
+func fitsPhone(t *testing.T, b *browsertest.Browser, where string) {
+	t.Helper()
+	if w := browsertest.Get(t, b, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
+		t.Errorf("%s: the page is %d px wide at 390", where, w)
+	}
+}
