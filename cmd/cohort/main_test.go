@@ -198,3 +198,13 @@ func TestAdminCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A malformed --turn-rate stops serve with a message naming the flag.
+func TestServeRejectsBadTurnRate(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuf
+	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--turn-rate", "fast"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "--turn-rate") {
+		t.Fatalf("err = %v", err)
+	}
+}
