@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -31,25 +32,54 @@ const (
 
 // ReleaseSecret returns the value of the secret name of intern internID
 // when destinationHost, normalized by NormalizeHost, is exactly one of the
-// secret's hosts: never a parent domain, never a sibling. It is the only way
-// a value leaves the vault, an internal call for the intern's daemon, not a
-// route. Every release and every refusal is recorded in the audit table
-// (who, which secret, which host, when, outcome; never the value) before it
-// returns; if the audit cannot be written nothing is released. Legacy rows
-// (no hosts) are never released.
-//
-// The caller is taken from the principal in ctx, if any, for the audit.
+// secret's hosts; see Release. The caller is taken from the principal in
+// ctx, if any, for the audit.
 func (s *Service) ReleaseSecret(ctx context.Context, internID, name, destinationHost string) (string, error) {
-	rec := &store.VaultRelease{ID: uuid.NewString(), InternID: auditText(internID), SecretName: auditText(name),
-		Host: auditText(destinationHost), Actor: actor(ctx), CreatedAt: s.now()}
-	value, reason, err := s.release(ctx, rec, internID, name, destinationHost)
+	return s.Release(ctx, ReleaseRequest{InternID: internID, Name: name, Host: destinationHost})
+}
+
+// ReleaseRequest asks for one secret for one request to one host.
+type ReleaseRequest struct {
+	InternID string
+	Name     string
+	// Host is the request's destination host, as the tool saw it.
+	Host string
+	// RunID is the daemon run whose tool asked ("" when none); audited.
+	RunID string
+	// Actor names who asked, for the audit; "" takes the principal in the
+	// context (key:<id>), else "internal".
+	Actor string
+}
+
+// Release returns the value of the secret req.Name of intern req.InternID
+// when req.Host, normalized by NormalizeHost, is exactly one of the
+// secret's hosts: never a parent domain, never a sibling. The intern's own
+// vault is looked up first; a name it does not hold is looked up in the
+// vault of the intern's workspace. It is the only way a value leaves the
+// vault. Every release and every refusal is recorded in the audit table
+// (who, which secret, which host, which run, when, outcome; never the
+// value) before it returns; if the audit cannot be written nothing is
+// released. Legacy rows (no hosts) are never released.
+func (s *Service) Release(ctx context.Context, req ReleaseRequest) (string, error) {
+	rec := &store.VaultRelease{ID: uuid.NewString(), InternID: auditText(req.InternID), SecretName: auditText(req.Name),
+		Host: auditText(req.Host), Actor: req.Actor, CreatedAt: s.now()}
+	if rec.Actor == "" {
+		rec.Actor = actor(ctx)
+	}
+	if req.RunID != "" {
+		r := auditText(req.RunID)
+		rec.RunID = &r
+	}
+	value, reason, err := s.release(ctx, rec, req.InternID, req.Name, req.Host)
 	rec.Reason = reason
 	rec.Outcome = OutcomeReleased
 	if err != nil {
 		rec.Outcome = OutcomeRefused
 		value = ""
 	}
-	if _, aerr := s.DB.NewInsert().Model(rec).Exec(ctx); aerr != nil {
+	// The audit is written even when the caller has gone: a decision
+	// taken is a decision recorded.
+	if _, aerr := s.DB.NewInsert().Model(rec).Exec(context.WithoutCancel(ctx)); aerr != nil {
 		return "", apierr.Internal(fmt.Errorf("audit vault release: %w", aerr))
 	}
 	return value, err
@@ -78,15 +108,35 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, internID
 		return "", ReasonInternal, apierr.Internal(err)
 	}
 	rec.OrganizationID = &in.OrganizationID
-	v, err := s.findVault(ctx, in.ID)
-	if err != nil {
-		return "", notFoundReason(err), err
+	// The intern's own vault first, then its workspace's.
+	var v *store.Vault
+	var row *store.VaultSecret
+	for _, o := range []struct{ scope, owner string }{{store.VaultScopeIntern, in.ID}, {store.VaultScopeWorkspace, in.WorkspaceID}} {
+		vv, err := s.findVault(ctx, o.scope, o.owner)
+		if err == errSecretNotFound {
+			continue
+		}
+		if err != nil {
+			return "", ReasonInternal, err
+		}
+		if vv.OrganizationID != in.OrganizationID {
+			return "", ReasonInternal, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", vv.ID))
+		}
+		rr, err := s.findSecret(ctx, vv, name)
+		if err == errSecretNotFound {
+			continue
+		}
+		if err != nil {
+			return "", ReasonInternal, err
+		}
+		v, row = vv, rr
+		break
 	}
-	rec.VaultID = &v.ID
-	row, err := s.findSecret(ctx, v, name)
-	if err != nil {
-		return "", notFoundReason(err), err
+	if row == nil {
+		return "", ReasonSecretNotFound, apierr.New(http.StatusNotFound, "not_found",
+			"no secret %q in the intern's vault or its workspace's vault", name)
 	}
+	rec.VaultID, rec.VaultScope = &v.ID, v.ScopeKind
 	if row.Hosts == nil {
 		return "", ReasonUnbound, apierr.New(http.StatusForbidden, "secret_unbound",
 			"secret %q is bound to no host: store it again with hosts", name)
@@ -97,7 +147,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, internID
 	}
 	if !slices.Contains(hosts, host) {
 		return "", ReasonHostNotAllowed, apierr.New(http.StatusForbidden, "host_not_allowed",
-			"secret %q is not released to host %q", name, host)
+			"secret %q is not bound to host %q: it is released only to %s", name, host, strings.Join(hosts, ", "))
 	}
 	kr, err := s.keyring(v)
 	if err != nil {
