@@ -76,6 +76,8 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
 	mount(vault.NewConnectHandler(s.Vault, opts))
 	mount(cohortv1connect.NewVaultAdminServiceHandler(vault.AdminHandler{S: s.Vault}, opts))
+	// Interns' daemons authenticate with their own secret, not an API key.
+	mount(vault.NewGatewayHandler(s.Vault, connect.WithInterceptors(apierr.ConnectInterceptor(s.Log))))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
