@@ -322,6 +322,12 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 	if d.cfg.Model != "" {
 		meta = map[string]any{MetaModel: d.cfg.Model}
 	}
+	// The daemon's MCP server (http_request) for agents that take MCP
+	// over HTTP; a fresh credential per ACP session.
+	servers := []acp.McpServer{}
+	if a.caps.McpCapabilities.Http {
+		servers = append(servers, d.tools.bind(s))
+	}
 	if acpID != "" {
 		// Map the id first: a load replays history as session/update,
 		// which must find the session (and is dropped, no run being live).
@@ -330,7 +336,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		d.mu.Unlock()
 		switch {
 		case a.caps.LoadSession:
-			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: []acp.McpServer{}})
+			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: servers})
 			if err == nil {
 				newID, model = acpID, res.Models
 			} else {
@@ -346,7 +352,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		}
 	}
 	if newID == "" {
-		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: []acp.McpServer{}})
+		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: servers})
 		if err != nil {
 			return "", errTurnFailed("the agent refused a new session")
 		}

@@ -67,6 +67,9 @@ type Provisioner struct {
 	DataDir string
 	// Command runs `cohort intern` (local); default: this executable.
 	Command []string
+	// GatewayURL, when set, is passed to local daemons as --gateway-url:
+	// where their http_request tool reaches the vault.
+	GatewayURL string
 	// AgentCommand, when set, is passed to local daemons as --agent-command.
 	AgentCommand string
 	// HealthTimeout bounds a local daemon's start (default 30 s).
