@@ -440,11 +440,17 @@ func (t *Tool) fill(res *Result, resp *http.Response, u *url.URL, redact func(st
 }
 
 // forms are the spellings a value takes: as is, then escaped for a query,
-// a path and a JSON string, so an echo in any of them is redacted.
+// a path, and a JSON (or Go-quoted) string with and without HTML escaping,
+// so an echo in any of them is redacted.
 func forms(v string) []string {
 	out := []string{v}
 	j, _ := json.Marshal(v)
-	for _, f := range []string{url.QueryEscape(v), url.PathEscape(v), string(j[1 : len(j)-1])} {
+	var plain strings.Builder
+	enc := json.NewEncoder(&plain)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	p := strings.TrimSpace(plain.String())
+	for _, f := range []string{url.QueryEscape(v), url.PathEscape(v), string(j[1 : len(j)-1]), p[1 : len(p)-1]} {
 		if f != v && !slices.Contains(out, f) {
 			out = append(out, f)
 		}
