@@ -210,3 +210,7 @@ func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
 }
+
+// ToolsURL is the loopback URL of the daemon's MCP server (for operators'
+// diagnostics and tests); every request needs a session's credential.
+func (d *Daemon) ToolsURL() string { return d.tools.url }

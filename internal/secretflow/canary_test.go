@@ -109,6 +109,7 @@ type flow struct {
 	host     *boundHost
 	daemonLg *syncBuffer
 	dataDir  string
+	daemon   *internd.Daemon
 }
 
 // newFlow wires gateway (real database) → daemon (in process, registered
@@ -139,6 +140,7 @@ func newFlow(t *testing.T, db *bun.DB, steps ...agenttest.Step) *flow {
 		srv.Close()
 		d.Close()
 	})
+	f.daemon = d
 	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Mode: provision.Remote}
 	if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternProvisioning).Where("id = ?", e.InternID).Exec(context.Background()); err != nil {
 		t.Fatal(err)
