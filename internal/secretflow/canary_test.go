@@ -77,7 +77,9 @@ type boundHost struct {
 	seen []string
 }
 
-func newBoundHost(t *testing.T) *boundHost {
+func newBoundHost(t *testing.T) *boundHost { return newBoundHostTB(t) }
+
+func newBoundHostTB(t testing.TB) *boundHost {
 	h := &boundHost{}
 	h.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)

@@ -2,8 +2,6 @@ package vault
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/store"
 )
 
 // GatewayHandler is InternGatewayService: the door interns' daemons use to
@@ -26,17 +23,20 @@ var _ cohortv1connect.InternGatewayServiceHandler = GatewayHandler{}
 // NewGatewayHandler returns the service's path and handler. opts must not
 // hold the API-key interceptor: daemons present their own secret.
 func NewGatewayHandler(s *Service, opts ...connect.HandlerOption) (string, http.Handler) {
-	return cohortv1connect.NewInternGatewayServiceHandler(GatewayHandler{S: s}, opts...)
+	// Answers are a few hundred bytes: gzip would cost more than it saves
+	// on a call every secret-bearing request waits for.
+	return cohortv1connect.NewInternGatewayServiceHandler(GatewayHandler{S: s}, append(opts, connect.WithCompressMinBytes(4096))...)
 }
 
 // ReleaseSecret checks the daemon's secret against the intern's row, then
 // releases through Service.Release (audited, with the run id).
 func (h GatewayHandler) ReleaseSecret(ctx context.Context, req *connect.Request[cohortv1.ReleaseSecretRequest]) (*connect.Response[cohortv1.ReleaseSecretResponse], error) {
-	if err := h.S.authDaemon(ctx, req.Header().Get("Authorization"), req.Msg.GetInternId()); err != nil {
+	in, err := h.S.authDaemon(ctx, req.Header().Get("Authorization"), req.Msg.GetInternId())
+	if err != nil {
 		return nil, err
 	}
-	value, err := h.S.Release(ctx, ReleaseRequest{InternID: req.Msg.GetInternId(), Name: req.Msg.GetName(),
-		Host: req.Msg.GetHost(), RunID: req.Msg.GetRunId(), Actor: "daemon:" + req.Msg.GetInternId()})
+	value, err := h.S.Release(ctx, ReleaseRequest{InternID: in.ID, Name: req.Msg.GetName(),
+		Host: req.Msg.GetHost(), RunID: req.Msg.GetRunId(), Actor: "daemon:" + in.ID, intern: &in.Intern, programme: in.Programme})
 	if err != nil {
 		return nil, err
 	}
@@ -47,25 +47,23 @@ func (h GatewayHandler) ReleaseSecret(ctx context.Context, req *connect.Request[
 // caller cannot tell an unknown intern from a wrong secret.
 var errDaemonAuth = apierr.Unauthenticated("missing or invalid daemon secret")
 
-func (s *Service) authDaemon(ctx context.Context, header, internID string) error {
+// authDaemon returns the live intern whose daemon secret the header
+// carries (with its programme flag, which the release checks).
+func (s *Service) authDaemon(ctx context.Context, header, internID string) (*internRow, error) {
 	tok, ok := strings.CutPrefix(header, "Bearer ")
 	if !ok || tok == "" {
-		return errDaemonAuth
+		return nil, errDaemonAuth
 	}
 	id, err := parseInternID(internID)
 	if err != nil {
-		return errDaemonAuth
+		return nil, errDaemonAuth
 	}
-	var in store.Intern
-	err = s.DB.NewSelect().Model(&in).Where("id = ? AND state <> ?", id, store.InternDeleted).Scan(ctx)
-	if errors.Is(err, sql.ErrNoRows) {
-		return errDaemonAuth
-	}
+	in, err := s.loadIntern(ctx, id)
 	if err != nil {
-		return apierr.Internal(err)
+		return nil, apierr.Internal(err)
 	}
-	if !provision.VerifyDaemonSecret(s.KEK, &in, tok) {
-		return errDaemonAuth
+	if in == nil || !provision.VerifyDaemonSecret(s.KEK, &in.Intern, tok) {
+		return nil, errDaemonAuth
 	}
-	return nil
+	return in, nil
 }

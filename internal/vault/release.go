@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -49,6 +50,11 @@ type ReleaseRequest struct {
 	// Actor names who asked, for the audit; "" takes the principal in the
 	// context (key:<id>), else "internal".
 	Actor string
+
+	// intern, when the caller already loaded the live intern row (with
+	// whether its organization is in the programme), saves the lookup.
+	intern    *store.Intern
+	programme bool
 }
 
 // Release returns the value of the secret req.Name of intern req.InternID
@@ -70,7 +76,7 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (string, erro
 		r := auditText(req.RunID)
 		rec.RunID = &r
 	}
-	value, reason, err := s.release(ctx, rec, req.InternID, req.Name, req.Host)
+	value, reason, err := s.release(ctx, rec, req)
 	rec.Reason = reason
 	rec.Outcome = OutcomeReleased
 	if err != nil {
@@ -85,8 +91,9 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (string, erro
 	return value, err
 }
 
-func (s *Service) release(ctx context.Context, rec *store.VaultRelease, internID, name, destinationHost string) (string, string, error) {
-	host, err := NormalizeHost(destinationHost)
+func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req ReleaseRequest) (string, string, error) {
+	name := req.Name
+	host, err := NormalizeHost(req.Host)
 	if err != nil {
 		return "", ReasonInvalidHost, apierr.BadRequest("destination host: %v", err)
 	}
@@ -94,47 +101,41 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, internID
 	if err := CheckName(name); err != nil {
 		return "", ReasonInvalidName, err
 	}
-	var in store.Intern
-	// The intern must be live and its organization in the programme; the
-	// release has no principal whose scope could say so.
-	err = s.DB.NewSelect().Model(&in).
-		Where("?TableAlias.id = ? AND ?TableAlias.state <> ?", internID, store.InternDeleted).
-		Where("EXISTS (SELECT 1 FROM organizations o WHERE o.id = ?TableAlias.organization_id AND o.interns_programme)").
-		Scan(ctx)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", ReasonInternNotFound, apierr.NotFound("intern not found")
-	}
+	in, err := s.liveIntern(ctx, req)
 	if err != nil {
 		return "", ReasonInternal, apierr.Internal(err)
 	}
-	rec.OrganizationID = &in.OrganizationID
-	// The intern's own vault first, then its workspace's.
-	var v *store.Vault
-	var row *store.VaultSecret
-	for _, o := range []struct{ scope, owner string }{{store.VaultScopeIntern, in.ID}, {store.VaultScopeWorkspace, in.WorkspaceID}} {
-		vv, err := s.findVault(ctx, o.scope, o.owner)
-		if err == errSecretNotFound {
-			continue
-		}
-		if err != nil {
-			return "", ReasonInternal, err
-		}
-		if vv.OrganizationID != in.OrganizationID {
-			return "", ReasonInternal, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", vv.ID))
-		}
-		rr, err := s.findSecret(ctx, vv, name)
-		if err == errSecretNotFound {
-			continue
-		}
-		if err != nil {
-			return "", ReasonInternal, err
-		}
-		v, row = vv, rr
-		break
+	if in == nil {
+		return "", ReasonInternNotFound, apierr.NotFound("intern not found")
 	}
-	if row == nil {
+	rec.OrganizationID = &in.OrganizationID
+	// The intern's own vault first, then its workspace's: one query
+	// finds the name in both (a release is on every tool request's path).
+	var found []foundSecret
+	err = s.DB.NewSelect().Model(&found).
+		ColumnExpr("?TableAlias.*").
+		ColumnExpr("v.scope_kind AS v_scope_kind, v.organization_id AS v_organization_id, v.owner_id AS v_owner_id").
+		ColumnExpr("v.data_keyset AS v_data_keyset, v.mac_keyset AS v_mac_keyset, v.created_at AS v_created_at").
+		Join("JOIN vaults AS v ON v.id = ?TableAlias.vault_id").
+		Where("?TableAlias.name = ?", name).
+		Where("((v.scope_kind = ? AND v.owner_id = ?) OR (v.scope_kind = ? AND v.owner_id = ?))",
+			store.VaultScopeIntern, in.ID, store.VaultScopeWorkspace, in.WorkspaceID).
+		Scan(ctx)
+	if err != nil {
+		return "", ReasonInternal, apierr.Internal(err)
+	}
+	slices.SortFunc(found, func(a, b foundSecret) int {
+		return strings.Compare(a.VScope, b.VScope) // "intern" < "workspace"
+	})
+	if len(found) == 0 {
 		return "", ReasonSecretNotFound, apierr.New(http.StatusNotFound, "not_found",
 			"no secret %q in the intern's vault or its workspace's vault", name)
+	}
+	f := found[0]
+	row := &f.VaultSecret
+	v := &store.Vault{ID: row.VaultID, OrganizationID: f.VOrg, ScopeKind: f.VScope, OwnerID: f.VOwner, DataKeyset: f.VData, MACKeyset: f.VMAC, CreatedAt: f.VCreated}
+	if v.OrganizationID != in.OrganizationID {
+		return "", ReasonInternal, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", v.ID))
 	}
 	rec.VaultID, rec.VaultScope = &v.ID, v.ScopeKind
 	if row.Hosts == nil {
@@ -193,4 +194,56 @@ func auditText(s string) string {
 		return s[:max] + "…"
 	}
 	return s
+}
+
+// foundSecret is a secret row with its vault's columns, from the one query
+// a release makes to find a name in the intern's and its workspace's vaults.
+type foundSecret struct {
+	store.VaultSecret `bun:",extend"`
+	VScope            string    `bun:"v_scope_kind"`
+	VOrg              string    `bun:"v_organization_id"`
+	VOwner            string    `bun:"v_owner_id"`
+	VData             []byte    `bun:"v_data_keyset"`
+	VMAC              []byte    `bun:"v_mac_keyset"`
+	VCreated          time.Time `bun:"v_created_at"`
+}
+
+// internRow is an intern with whether its organization is in the interns
+// programme.
+type internRow struct {
+	store.Intern `bun:",extend"`
+	Programme    bool `bun:"programme"`
+}
+
+// loadIntern reads a live (not deleted) intern and its programme flag; nil
+// when there is none.
+func (s *Service) loadIntern(ctx context.Context, id string) (*internRow, error) {
+	var in internRow
+	err := s.DB.NewSelect().Model(&in).ColumnExpr("?TableAlias.*").
+		ColumnExpr("EXISTS (SELECT 1 FROM organizations o WHERE o.id = ?TableAlias.organization_id AND o.interns_programme) AS programme").
+		Where("?TableAlias.id = ? AND ?TableAlias.state <> ?", id, store.InternDeleted).
+		Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &in, nil
+}
+
+// liveIntern is the intern a release is for: live, and its organization in
+// the programme (the release has no principal whose scope could say so).
+func (s *Service) liveIntern(ctx context.Context, req ReleaseRequest) (*store.Intern, error) {
+	if req.intern != nil {
+		if !req.programme {
+			return nil, nil
+		}
+		return req.intern, nil
+	}
+	in, err := s.loadIntern(ctx, req.InternID)
+	if err != nil || in == nil || !in.Programme {
+		return nil, err
+	}
+	return &in.Intern, nil
 }
