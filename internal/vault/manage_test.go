@@ -261,3 +261,50 @@ func TestAuditListForAdmins(t *testing.T) {
 		}
 	})
 }
+
+func authed[T any](key string, msg *T) *connect.Request[T] {
+	r := connect.NewRequest(msg)
+	r.Header().Set("Authorization", "Bearer "+key)
+	return r
+}
+
+// TestConnectTwinsOfListDeleteAndWorkspace: the Connect door gives what the
+// REST door gives, with the same refusals.
+func TestConnectTwinsOfListDeleteAndWorkspace(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		c := vaultClient(e)
+		ws, err := c.PutWorkspaceSecret(ctx, authed(e.WorkspaceKey, &cohortv1.PutWorkspaceSecretRequest{Name: "shared", Hosts: []string{"a.example.com"}, Value: "connect-ws-value"}))
+		if err != nil || !ws.Msg.GetCreated() || ws.Msg.GetSecret().GetHosts()[0] != "a.example.com" {
+			t.Fatalf("put workspace: %v %v", ws, err)
+		}
+		mustPut(t, e, e.WorkspaceKey, e.InternID, "own", []string{"b.example.com"}, "v", 201)
+		li, err := c.ListInternSecrets(ctx, authed(e.WorkspaceKey, &cohortv1.ListInternSecretsRequest{InternId: e.InternID}))
+		if err != nil || len(li.Msg.GetSecrets()) != 1 || li.Msg.GetSecrets()[0].GetName() != "own" {
+			t.Fatalf("list intern: %v %v", li, err)
+		}
+		lw, err := c.ListWorkspaceSecrets(ctx, authed(e.WorkspaceKey, &cohortv1.ListWorkspaceSecretsRequest{Limit: 1000}))
+		if err != nil || len(lw.Msg.GetSecrets()) != 1 || lw.Msg.GetSecrets()[0].GetName() != "shared" {
+			t.Fatalf("list workspace: %v %v", lw, err)
+		}
+		_, err = c.ListWorkspaceSecrets(ctx, authed(e.WorkspaceKey, &cohortv1.ListWorkspaceSecretsRequest{Limit: 1001}))
+		wantConnectError(t, err, connect.CodeInvalidArgument, 400, "bad_request")
+		_, err = c.DeleteInternSecret(ctx, authed(e.WorkspaceKey, &cohortv1.DeleteInternSecretRequest{InternId: e.InternID, Name: "missing"}))
+		wantConnectError(t, err, connect.CodeNotFound, 404, "not_found")
+		_, err = c.ListInternSecrets(ctx, authed(e.ManagementKey, &cohortv1.ListInternSecretsRequest{InternId: e.InternID}))
+		wantConnectError(t, err, connect.CodePermissionDenied, 403, "forbidden")
+		if _, err := c.DeleteInternSecret(ctx, authed(e.WorkspaceKey, &cohortv1.DeleteInternSecretRequest{InternId: e.InternID, Name: "own"})); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.DeleteWorkspaceSecret(ctx, authed(e.WorkspaceKey, &cohortv1.DeleteWorkspaceSecretRequest{Name: "shared"})); err != nil {
+			t.Fatal(err)
+		}
+		if got := counts(t, e); got != "vaults=2 vault_secrets=0 vault_releases=0" {
+			t.Fatalf("after deletes: %s", got)
+		}
+		if strings.Contains(e.Logs(), "connect-ws-value") {
+			t.Fatal("a value reached the log")
+		}
+	})
+}
