@@ -35,6 +35,9 @@ import (
 // TestMain lets the test binary run the built-in agent (the daemon starts
 // it as its ACP agent), configured by its COHORT_AGENT_* environment.
 func TestMain(m *testing.M) {
+	if os.Getenv("SECRETFLOW_AGENT") == "raw" {
+		runRawAgent()
+	}
 	if os.Getenv("SECRETFLOW_AGENT") == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		defer stop()
@@ -118,12 +121,19 @@ type flow struct {
 // like a remote daemon) → built-in agent (subprocess) → scripted model.
 func newFlow(t *testing.T, db *bun.DB, steps ...agenttest.Step) *flow {
 	t.Helper()
+	return newFlowWith(t, db, "1", steps...)
+}
+
+// newFlowWith runs the agent kind given ("1": Cohort's built-in agent,
+// "raw": a third-party agent).
+func newFlowWith(t *testing.T, db *bun.DB, agentKind string, steps ...agenttest.Step) *flow {
+	t.Helper()
 	e := testenv.New(t, db)
 	f := &flow{e: e, up: agenttest.NewUpstream(t, steps...), host: newBoundHost(t), daemonLg: &syncBuffer{}, dataDir: t.TempDir()}
 	const daemonSecret = "daemon-secret-0123456789abcdef0123456789"
 	d, err := internd.New(internd.Config{InternID: e.InternID, Secret: daemonSecret, DataDir: f.dataDir,
 		AgentCommand: []string{os.Args[0], "-test.run=^$"},
-		AgentEnv:     []string{"SECRETFLOW_AGENT=1", "COHORT_AGENT_BASE_URL=" + f.up.BaseURL()},
+		AgentEnv:     []string{"SECRETFLOW_AGENT=" + agentKind, "COHORT_AGENT_BASE_URL=" + f.up.BaseURL()},
 		Model:        model, GatewayURL: e.URL, InitTimeout: 20 * time.Second,
 		HTTPTool: httptool.Options{ExtraRoots: []*x509.Certificate{f.host.srv.Certificate()},
 			// Test-only: api.example.com is the loopback stand-in.
