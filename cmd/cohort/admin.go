@@ -31,6 +31,7 @@ type adminEnv struct {
 	out  io.Writer
 	json bool
 	f    *adminFlags
+	fed  *fedFlagSet
 	cfg  config.Config
 }
 
@@ -39,6 +40,10 @@ type adminFlags struct {
 	url, secretFile                                                             string
 	internsProgramme, workloadIdentity, vaultWrites                             bool
 }
+
+// adminFlagHooks register the flags of command groups kept in their own
+// files (admin_federation.go).
+var adminFlagHooks []func(*flag.FlagSet, *adminEnv)
 
 type adminCmd struct {
 	help string
@@ -333,6 +338,9 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.internsProgramme, "interns-programme", false, "entitlement: the interns programme")
 	fs.BoolVar(&f.workloadIdentity, "workload-identity", false, "entitlement: workload identity federation")
 	fs.BoolVar(&f.vaultWrites, "vault-writes", false, "entitlement: vault writes")
+	for _, register := range adminFlagHooks {
+		register(fs, e)
+	}
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}

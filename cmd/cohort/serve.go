@@ -27,6 +27,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
+	federationFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -78,6 +79,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("start interns: %w", err)
 	}
 	srv.Vault.RegionalHosts = cfg.RegionalHosts
+	stopFederation, err := startFederation(ctx, srv, cfg)
+	if err != nil {
+		return err
+	}
+	defer stopFederation()
 	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())

@@ -95,10 +95,33 @@ type Authenticator struct {
 	DB *bun.DB
 	// Tokens, when set, accepts federation access tokens (JWTs).
 	Tokens TokenVerifier
+	// AccessTokenProcedures are the Connect procedures that accept a
+	// federation access token: inference only (the chat service adds its
+	// own). Every other procedure refuses one with 403.
+	AccessTokenProcedures map[string]bool
 
 	once         sync.Once
 	byHash, byID *sql.Stmt
 	prepErr      error
+}
+
+// AccessTokenRefused is the 403 of a route that does not take
+// federation access tokens (anything but inference).
+func AccessTokenRefused() error {
+	return apierr.Forbidden("federation access tokens are accepted only on inference routes; use an API key")
+}
+
+// connectPrincipal authenticates a Connect call and refuses an access
+// token outside AccessTokenProcedures.
+func (a *Authenticator) connectPrincipal(ctx context.Context, header, procedure string) (*Principal, error) {
+	p, err := a.Bearer(ctx, header)
+	if err != nil {
+		return nil, err
+	}
+	if p.AccessToken && !a.AccessTokenProcedures[procedure] {
+		return nil, AccessTokenRefused()
+	}
+	return p, nil
 }
 
 // keyQuery is the one query behind every authenticated request. It is
@@ -222,7 +245,7 @@ type connectAuth struct{ a *Authenticator }
 
 func (c connectAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		p, err := c.a.Bearer(ctx, req.Header().Get("Authorization"))
+		p, err := c.a.connectPrincipal(ctx, req.Header().Get("Authorization"), req.Spec().Procedure)
 		if err != nil {
 			return nil, err
 		}
@@ -236,7 +259,7 @@ func (c connectAuth) WrapStreamingClient(next connect.StreamingClientFunc) conne
 
 func (c connectAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		p, err := c.a.Bearer(ctx, conn.RequestHeader().Get("Authorization"))
+		p, err := c.a.connectPrincipal(ctx, conn.RequestHeader().Get("Authorization"), conn.Spec().Procedure)
 		if err != nil {
 			return err
 		}

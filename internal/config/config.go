@@ -28,6 +28,19 @@ type Config struct {
 	// Provisioner hosts interns: "local" (daemons started by the gateway)
 	// or "remote" (daemons registered by the operator).
 	Provisioner string
+
+	// RedisURL (redis:// or rediss://), when set, keeps rate limits in
+	// Redis so that replicas share them; empty keeps them in memory.
+	RedisURL string
+	// ExtraCAFile holds PEM certificates trusted, in addition to the
+	// system roots, when fetching identity provider documents.
+	ExtraCAFile string
+	// TokenIssuer is the iss and aud of federation access tokens; set it
+	// to the public base URL.
+	TokenIssuer string
+	// ExchangeRate is the per-address token exchange limit: "N/s", "N/m"
+	// or "N/h", optionally ",burst=B".
+	ExchangeRate string
 }
 
 // Default returns the defaults the README documents.
@@ -38,5 +51,7 @@ func Default() Config {
 		LogLevel:        "info",
 		ShutdownTimeout: 10 * time.Second,
 		Provisioner:     "local",
+		TokenIssuer:     "cohort",
+		ExchangeRate:    "60/m",
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
@@ -45,22 +46,28 @@ type Server struct {
 	// Chat is the chat orchestration; its Daemons is set by the provisioner.
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.
-	ChatSSE sse.Options
+	ChatSSE    sse.Options
+	Federation *federation.Service
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
 func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
 	ins := &interns.Service{DB: db}
+	fed := federation.New(db, kek, log)
 	return &Server{
-		DB:         db,
-		Log:        log,
-		KEK:        kek,
-		Auth:       &auth.Authenticator{DB: db},
+		DB:  db,
+		Log: log,
+		KEK: kek,
+		// Chat is the inference route: the one that takes federation access tokens.
+		Auth: &auth.Authenticator{DB: db, Tokens: fed, AccessTokenProcedures: map[string]bool{
+			cohortv1connect.ChatServiceStreamChatCompletionProcedure: true,
+		}},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    ins,
 		Vault:      &vault.Service{DB: db, KEK: kek, Interns: ins},
 		Chat:       &chat.Service{Interns: ins, Limiter: chat.NewMemoryLimiter(chat.DefaultTurnBurst, chat.DefaultTurnPeriod)},
+		Federation: fed,
 	}
 }
 
@@ -92,6 +99,13 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
 	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}
 	mux.HandleFunc("POST "+Prefix+"/interns/{internId}/chat/completions", chatREST.Completions)
+	mount(cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, opts))
+	fed := federation.REST{S: s.Federation}
+	// Every method reaches the token handler, so that even a 405 carries
+	// its no-store headers and OAuth error body. No bearer auth: the
+	// subject token is the credential.
+	mux.HandleFunc(Prefix+"/oauth/token", fed.Token)
+	mux.HandleFunc("GET "+Prefix+"/oauth/jwks", fed.JWKS)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})

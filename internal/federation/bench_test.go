@@ -1,0 +1,71 @@
+package federation_test
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+// BenchmarkFederation measures, in one run, a full token exchange through
+// the real HTTP handler on SQLite with a warm JWKS cache, and the bare
+// cryptography every exchange must do (verify an RS256 subject token, sign
+// an ES256 access token): the floor the exchange cannot go below.
+//
+//	go test -run '^$' -bench BenchmarkFederation -count 10 ./internal/federation/
+func BenchmarkFederation(b *testing.B) {
+	p := newIDP(b)
+	f := newFed(b, storetest.SQLite(b), p)
+	// A gateway as `cohort serve` builds it, logging to nowhere (the test
+	// environment keeps every log line in memory).
+	srv := server.New(f.DB, f.Server.KEK, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	srv.Federation.Config = settings(p)
+	b.Cleanup(srv.Federation.Close)
+	h := srv.Handler()
+	body := exchangeForm(p.token(b, kidRSA, p.claims()), f.policyID)
+	exchange := func() int {
+		req, _ := http.NewRequest(http.MethodPost, server.Prefix+"/oauth/token", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.RemoteAddr = "203.0.113.7:41000"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := exchange(); code != http.StatusOK { // warms the JWKS cache and the signing key
+		b.Fatalf("warm-up exchange: %d", code)
+	}
+
+	b.Run("exchange", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if code := exchange(); code != http.StatusOK {
+				b.Fatalf("exchange: %d", code)
+			}
+		}
+	})
+
+	b.Run("crypto_floor", func(b *testing.B) {
+		tok := p.token(b, kidRSA, p.claims())
+		i := strings.LastIndex(tok, ".")
+		input := tok[:i]
+		sig, _ := jwt.NewParser().DecodeSegment(tok[i+1:])
+		claims := `{"aud":["cohort"],"client_id":"k","exp":1900000000,"federation_issuer_id":"i","federation_policy_id":"p","iat":1899999100,"iss":"cohort","jti":"j","scope":"inference","sub":"repo:acme/app:ref:refs/heads/main"}`
+		signing := b64([]byte(`{"alg":"ES256","kid":"k","typ":"at+jwt"}`)) + "." + b64([]byte(claims))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := jwt.SigningMethodRS256.Verify(input, sig, &rsaKey.PublicKey); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := jwt.SigningMethodES256.Sign(signing, ecKey); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,149 @@
+package federation
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// The token exchange's fixed values (RFC 8693).
+const (
+	GrantTokenExchange   = "urn:ietf:params:oauth:grant-type:token-exchange"
+	TokenTypeJWT         = "urn:ietf:params:oauth:token-type:jwt"
+	TokenTypeAccessToken = "urn:ietf:params:oauth:token-type:access_token"
+	scopeInference       = "inference"
+)
+
+// MaxTokenBody is the largest accepted exchange body. The spec says "under
+// 32 KB": 32767 bytes are accepted and 32768 refused.
+const MaxTokenBody = 32<<10 - 1
+
+// OAuthError is an RFC 6749 §5.2 error: an HTTP status, the error code
+// and a description.
+type OAuthError struct {
+	Status      int
+	Code        string
+	Description string
+	// RetryAfterSeconds, when positive, is sent as Retry-After.
+	RetryAfterSeconds int
+}
+
+// Error implements error.
+func (e *OAuthError) Error() string { return e.Code + ": " + e.Description }
+
+func invalidRequest(format string, args ...any) *OAuthError {
+	return &OAuthError{Status: http.StatusBadRequest, Code: "invalid_request", Description: fmt.Sprintf(format, args...)}
+}
+
+// invalidGrantDescription is the one message of every invalid_grant: the
+// caller learns nothing about which check failed (the audit does).
+const invalidGrantDescription = "the subject token was not accepted for this federation policy"
+
+// errInvalidGrant is the one invalid_grant answer.
+var errInvalidGrant = &OAuthError{Status: http.StatusBadRequest, Code: "invalid_grant", Description: invalidGrantDescription}
+
+var errTemporarilyUnavailable = &OAuthError{Status: http.StatusServiceUnavailable, Code: "temporarily_unavailable",
+	Description: "the identity provider's keys could not be fetched; retry shortly"}
+
+// TokenRequest is a decoded exchange form.
+type TokenRequest struct {
+	GrantType          string
+	SubjectTokenType   string
+	SubjectToken       string
+	PolicyID           string
+	RequestedTokenType string
+	Scope              string
+}
+
+// formFields are the parameters we read; each may appear once. audience
+// and resource may repeat (RFC 8693 §2.1) and are ignored; any other
+// parameter is ignored too (RFC 6749 §3.2).
+var formFields = map[string]func(*TokenRequest) *string{
+	"grant_type":           func(r *TokenRequest) *string { return &r.GrantType },
+	"subject_token_type":   func(r *TokenRequest) *string { return &r.SubjectTokenType },
+	"subject_token":        func(r *TokenRequest) *string { return &r.SubjectToken },
+	"federation_policy_id": func(r *TokenRequest) *string { return &r.PolicyID },
+	"requested_token_type": func(r *TokenRequest) *string { return &r.RequestedTokenType },
+	"scope":                func(r *TokenRequest) *string { return &r.Scope },
+}
+
+// maxPolicyID bounds federation_policy_id; ids are UUIDs (36 bytes).
+const maxPolicyID = 64
+
+// ParseTokenForm decodes an application/x-www-form-urlencoded exchange body
+// and applies every field rule of the spec, in a fixed order, so that one
+// body always gives the same error. A parameter sent without a value counts
+// as omitted (RFC 6749 §3.1); a parameter we read that is sent twice is
+// refused (RFC 6749 §3.2).
+func ParseTokenForm(body []byte) (*TokenRequest, error) {
+	r := &TokenRequest{}
+	seen := map[string]bool{}
+	for pair := range strings.SplitSeq(string(body), "&") {
+		if pair == "" {
+			continue
+		}
+		rawKey, rawValue, _ := strings.Cut(pair, "=")
+		key, err := url.QueryUnescape(rawKey)
+		if err != nil {
+			return nil, invalidRequest("the body is not valid form encoding")
+		}
+		field, ok := formFields[key]
+		if !ok {
+			continue
+		}
+		if seen[key] {
+			return nil, invalidRequest("parameter %s is sent more than once", key)
+		}
+		seen[key] = true
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, invalidRequest("parameter %s is not valid form encoding", key)
+		}
+		*field(r) = value
+	}
+	switch {
+	case r.GrantType == "":
+		return nil, invalidRequest("grant_type is required")
+	case r.GrantType != GrantTokenExchange:
+		return nil, &OAuthError{Status: http.StatusBadRequest, Code: "unsupported_grant_type",
+			Description: "grant_type must be " + GrantTokenExchange}
+	case r.SubjectToken == "":
+		return nil, invalidRequest("subject_token is required")
+	case len(r.SubjectToken) > MaxSubjectToken:
+		return nil, invalidRequest("subject_token must be at most %d bytes", MaxSubjectToken)
+	case r.SubjectTokenType == "":
+		return nil, invalidRequest("subject_token_type is required: %s", TokenTypeJWT)
+	case r.SubjectTokenType != TokenTypeJWT:
+		return nil, invalidRequest("subject_token_type must be %s", TokenTypeJWT)
+	case r.PolicyID == "":
+		return nil, invalidRequest("federation_policy_id is required")
+	case len(r.PolicyID) > maxPolicyID:
+		return nil, invalidRequest("federation_policy_id is malformed")
+	case r.RequestedTokenType != "" && r.RequestedTokenType != TokenTypeAccessToken:
+		return nil, invalidRequest("requested_token_type must be %s", TokenTypeAccessToken)
+	case r.Scope != "" && r.Scope != scopeInference:
+		return nil, &OAuthError{Status: http.StatusBadRequest, Code: "invalid_scope", Description: "the only scope is inference"}
+	}
+	return r, nil
+}
+
+// checkFormContentType accepts application/x-www-form-urlencoded, with or
+// without parameters such as charset.
+func checkFormContentType(ct string) error {
+	mt, _, _ := strings.Cut(ct, ";")
+	if !strings.EqualFold(strings.TrimSpace(mt), "application/x-www-form-urlencoded") {
+		return invalidRequest("the body must be application/x-www-form-urlencoded")
+	}
+	return nil
+}
+
+// asOAuth returns err as an *OAuthError, or nil.
+func asOAuth(err error) *OAuthError {
+	var e *OAuthError
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
+}
