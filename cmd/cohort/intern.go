@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
 // internCmd runs one intern's daemon: `cohort intern`.
@@ -59,7 +58,7 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	roots, err := readCerts(*toolCAFile)
+	roots, err := safehttp.ExtraRootsFromFile(*toolCAFile)
 	if err != nil {
 		return err
 	}
@@ -123,36 +122,6 @@ func readSecret(file string) (string, error) {
 		return s, nil
 	}
 	return "", errors.New("a secret is required: --secret-file or COHORT_INTERN_SECRET")
-}
-
-// readCerts reads PEM certificates; an empty path gives none.
-func readCerts(path string) ([]*x509.Certificate, error) {
-	if path == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("CA file: %w", err)
-	}
-	var out []*x509.Certificate
-	for {
-		var blk *pem.Block
-		if blk, b = pem.Decode(b); blk == nil {
-			break
-		}
-		if blk.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("CA file %s: %w", path, err)
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("CA file %s: no PEM certificate", path)
-	}
-	return out, nil
 }
 
 func envInt(name string, def int) int {

@@ -253,7 +253,7 @@ func TestNonPublicDestinationsAreRefusedAtDialTime(t *testing.T) {
 	for _, ip := range []string{"127.0.0.1", "10.0.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0"} {
 		tool := httptool.New(httptool.Options{Resolve: func(string) string { return ip }})
 		_, err := tool.Do(ctx, &httptool.Args{URL: "https://public.example.com/"}, nil)
-		if err == nil || !strings.Contains(err.Error(), "refused destination address") {
+		if err == nil || !strings.Contains(err.Error(), "refused to connect to a non-public address") {
 			t.Fatalf("%s: %v", ip, err)
 		}
 	}
@@ -261,7 +261,7 @@ func TestNonPublicDestinationsAreRefusedAtDialTime(t *testing.T) {
 	tool := httptool.New(httptool.Options{})
 	for _, u := range []string{"https://127.0.0.1/", "https://169.254.169.254/latest/meta-data/", "https://[::1]/", "https://[fe80::1]/"} {
 		_, err := tool.Do(ctx, &httptool.Args{URL: u}, nil)
-		if err == nil || !strings.Contains(err.Error(), "refused destination address") {
+		if err == nil || !strings.Contains(err.Error(), "refused to connect to a non-public address") {
 			t.Fatalf("%s: %v", u, err)
 		}
 	}
