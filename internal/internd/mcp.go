@@ -147,6 +147,10 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 			return toolError("no turn of this session is in progress"), nil
 		}
 		if len(httptool.SecretNames(args)) > 0 && r.mode == pb.ApprovalMode_APPROVAL_MODE_MANUAL {
+			t.d.mu.Lock()
+			a := t.d.agent
+			t.d.mu.Unlock()
+			a.settle()
 			kinds := []string{"allow_once", "reject_once"}
 			ia := &interaction{kinds: kinds, optionID: map[string]acp.PermissionOptionId{"allow_once": "allow_once", "reject_once": "reject_once"}}
 			op := httptool.Name
