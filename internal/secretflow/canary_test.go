@@ -115,6 +115,9 @@ type flow struct {
 	daemonLg *syncBuffer
 	dataDir  string
 	daemon   *internd.Daemon
+	// agentKind and stop let a test restart the daemon.
+	agentKind string
+	stop      func()
 }
 
 // newFlow wires gateway (real database) → daemon (in process, registered
@@ -130,6 +133,19 @@ func newFlowWith(t *testing.T, db *bun.DB, agentKind string, steps ...agenttest.
 	t.Helper()
 	e := testenv.New(t, db)
 	f := &flow{e: e, up: agenttest.NewUpstream(t, steps...), host: newBoundHost(t), daemonLg: &syncBuffer{}, dataDir: t.TempDir()}
+	f.agentKind = agentKind
+	f.startDaemon(t)
+	return f
+}
+
+// startDaemon starts (or restarts) the intern's daemon on the flow's data
+// directory and registers it with the gateway.
+func (f *flow) startDaemon(t *testing.T) {
+	t.Helper()
+	e, agentKind := f.e, f.agentKind
+	if f.stop != nil {
+		f.stop()
+	}
 	const daemonSecret = "daemon-secret-0123456789abcdef0123456789"
 	d, err := internd.New(internd.Config{InternID: e.InternID, Secret: daemonSecret, DataDir: f.dataDir,
 		AgentCommand: []string{os.Args[0], "-test.run=^$"},
@@ -148,10 +164,11 @@ func newFlowWith(t *testing.T, db *bun.DB, agentKind string, steps ...agenttest.
 	p.SetUnencryptedHTTP2(true)
 	srv.Config.Protocols = &p
 	srv.Start()
-	t.Cleanup(func() {
+	f.stop = func() {
 		srv.Close()
 		d.Close()
-	})
+	}
+	t.Cleanup(func() { f.stop() })
 	f.daemon = d
 	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Mode: provision.Remote}
 	if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternProvisioning).Where("id = ?", e.InternID).Exec(context.Background()); err != nil {
@@ -161,7 +178,6 @@ func newFlowWith(t *testing.T, db *bun.DB, agentKind string, steps ...agenttest.
 		t.Fatal(err)
 	}
 	e.Server.Chat.Daemons = prov
-	return f
 }
 
 func (f *flow) callArgs(path string) string {

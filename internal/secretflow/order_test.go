@@ -40,3 +40,32 @@ func TestTextBeforeAnApprovalIsNotLost(t *testing.T) {
 			`{"role":"tool","tool_call_id":`+string(a)+`,"content":"reject_once"}]}`)
 	}
 }
+
+// TestToolAfterDaemonRestart: after a restart the daemon loads the session
+// (session/load) with a fresh MCP credential on a new MCP server; the
+// agent reconnects and the tool works, with the conversation kept.
+func TestToolAfterDaemonRestart(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, storetest.SQLite(t))
+	b, _ := json.Marshal(map[string]any{"hosts": []string{"api.example.com"}, "value": "restart-secret"})
+	f.e.Do(t, "PUT", "/vault/interns/"+f.e.InternID+"/secrets/api_key", f.e.WorkspaceKey, "application/json", string(b))
+	f.up.Push(agenttest.Call(model, "c1", "http_request", f.callArgs("/one")), agenttest.Answer(model, 1, 1, "one"))
+	s1 := f.chat(t, userBody("self-drive", "first"))
+	sid := sessionID(t, s1)
+	f.startDaemon(t)
+	f.up.Push(agenttest.Call(model, "c2", "http_request", f.callArgs("/two")), agenttest.Answer(model, 1, 1, "two"))
+	s2 := f.chat(t, `{"stream":true,"approval_mode":"self-drive","session_id":"`+sid+`","messages":[{"role":"user","content":"second"}]}`)
+	if !strings.Contains(s2, "two") {
+		t.Fatalf("after restart: %s", s2)
+	}
+	got := f.host.requests()
+	if len(got) != 2 || !strings.Contains(got[1], "auth=Bearer restart-secret") {
+		t.Fatalf("bound host after restart: %q", got)
+	}
+	all := f.up.Requests()
+	reqs, _ := json.Marshal(all)
+	last, _ := json.Marshal(all[len(all)-1])
+	if strings.Contains(string(reqs), "restart-secret") || !strings.Contains(string(last), `"first"`) {
+		t.Fatalf("model inputs (history must survive, value must not appear): %s", reqs)
+	}
+}
