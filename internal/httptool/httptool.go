@@ -291,6 +291,13 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		// The host the values are released for, by the vault's own rules:
 		// redirects compare against it.
 		if _, err := vaulthost.NormalizeHost(host); err != nil {
+			// Still asked, so the vault records the refusal (invalid_host)
+			// in its audit; it never releases for such a host.
+			for _, n := range names {
+				if v, rerr := release(ctx, n, host); rerr == nil && v != "" {
+					return nil, refuse("internal error: the vault released a secret for an invalid host")
+				}
+			}
 			return nil, refuse("secrets are only sent to DNS hostnames; %q is not one (%v)", host, err)
 		}
 		for _, n := range names {

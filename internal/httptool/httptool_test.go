@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -181,7 +182,8 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 				t.Fatalf("audit row: %+v", r)
 			}
 		}
-		if outcomes["released/host_match"] != 2 || outcomes["refused/host_not_allowed"] != 3 || outcomes["refused/unbound"] != 1 || outcomes["refused/secret_not_found"] != 1 {
+		if outcomes["released/host_match"] != 2 || outcomes["refused/host_not_allowed"] != 3 || outcomes["refused/unbound"] != 1 ||
+			outcomes["refused/secret_not_found"] != 1 || outcomes["refused/invalid_host"] != 2 {
 			t.Fatalf("audit: %v", outcomes)
 		}
 	})
@@ -264,6 +266,25 @@ func TestNonPublicDestinationsAreRefusedAtDialTime(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "refused to connect to a non-public address") {
 			t.Fatalf("%s: %v", u, err)
 		}
+	}
+}
+
+func TestTimeBound(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	tool := httptool.New(httptool.Options{ExtraRoots: []*x509.Certificate{srv.Certificate()}, AllowLoopback: true,
+		Resolve: func(string) string { return "127.0.0.1" }, Timeout: 300 * time.Millisecond})
+	a := srv.Listener.Addr().String()
+	t0 := time.Now()
+	_, err := tool.Do(context.Background(), &httptool.Args{URL: "https://api.example.com" + a[strings.LastIndexByte(a, ':'):] + "/"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "timed out") || time.Since(t0) > 3*time.Second {
+		t.Fatalf("%v after %s", err, time.Since(t0))
 	}
 }
 

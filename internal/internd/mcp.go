@@ -166,6 +166,12 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 			return t.release(ctx, r.id, name, host)
 		})
 		if err != nil {
+			if names := httptool.SecretNames(args); len(names) > 0 {
+				// A record of every refused request that named secrets,
+				// including those refused before the vault was asked (no
+				// value is ever in the message).
+				t.d.log.Info("http_request refused", "run", r.id, "secrets", names, "reason", err.Error())
+			}
 			return toolError(err.Error()), nil
 		}
 		b, err := json.Marshal(res)
