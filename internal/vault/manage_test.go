@@ -3,15 +3,20 @@ package vault_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
 	"github.com/cohort-dev/cohort/internal/vault"
 )
@@ -305,6 +310,36 @@ func TestConnectTwinsOfListDeleteAndWorkspace(t *testing.T) {
 		}
 		if strings.Contains(e.Logs(), "connect-ws-value") {
 			t.Fatal("a value reached the log")
+		}
+	})
+}
+
+// TestNewRoutesRefuseRegionalHostnames: lists, deletes and workspace
+// routes have the PUT's regional-hostname gate.
+func TestNewRoutesRefuseRegionalHostnames(t *testing.T) {
+	t.Parallel()
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		e := testenv.New(t, db, func(s *server.Server) { s.Vault.RegionalHosts = []string{"eu.api.example.com"} })
+		for _, r := range []struct{ method, path, body string }{
+			{"GET", "/vault/interns/" + e.InternID + "/secrets", ""},
+			{"DELETE", secretPath(e.InternID, "token"), ""},
+			{"GET", "/vault/secrets", ""},
+			{"PUT", "/vault/secrets/token", putBody(t, []string{"x.com"}, "v")},
+			{"DELETE", "/vault/secrets/token", ""},
+		} {
+			req, _ := http.NewRequest(r.method, e.URL+r.path, strings.NewReader(r.body))
+			req.Host = "EU.api.example.com:443"
+			req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+			res, err := e.HTTPClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			wantError(t, res.StatusCode, string(b), 403, "regional_host")
+		}
+		if got := counts(t, e); got != "vaults=0 vault_secrets=0 vault_releases=0" {
+			t.Fatalf("rows: %s", got)
 		}
 	})
 }
