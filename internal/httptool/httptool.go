@@ -345,16 +345,8 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		bodySecret = placeholder.MatchString(*a.Body)
 		body = []byte(fill(*a.Body, nil))
 	}
-	redact := func(s string) string {
-		for _, sv := range secrets {
-			for _, f := range sv.forms {
-				if f != "" {
-					s = strings.ReplaceAll(s, f, sv.plhold)
-				}
-			}
-		}
-		return s
-	}
+	red := redactor(secrets)
+	redact := red.redact
 	ctx, cancel := context.WithTimeout(ctx, t.o.Timeout)
 	defer cancel()
 	res := &Result{}
@@ -376,12 +368,12 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		loc := resp.Header.Get("Location")
 		redirect := resp.StatusCode == 301 || resp.StatusCode == 302 || resp.StatusCode == 303 || resp.StatusCode == 307 || resp.StatusCode == 308
 		if !redirect || loc == "" {
-			return t.finish(res, resp, cur, redact)
+			return t.finish(res, resp, cur, red)
 		}
 		next, err := cur.Parse(loc)
 		if err != nil || next.Scheme != "https" || next.User != nil || hop+1 > t.o.MaxRedirects {
 			res.Note = "the redirect was not followed: " + map[bool]string{true: fmt.Sprintf("more than %d redirects", t.o.MaxRedirects), false: "its target is not a plain https URL"}[err == nil && next.Scheme == "https" && next.User == nil]
-			return t.finish(res, resp, cur, redact)
+			return t.finish(res, resp, cur, red)
 		}
 		resp.Body.Close()
 		nextHost, _ := vaulthost.NormalizeHost(next.Hostname())
@@ -400,7 +392,7 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 			if redact(next.String()) != next.String() || (keepBody && bodySecret) {
 				res.Redirects = append(res.Redirects, redact(next.String()))
 				res.Note = fmt.Sprintf("the redirect to %s was not followed: it would carry a secret to a host it is not bound to", next.Hostname())
-				return t.finishHeadersOnly(res, resp, cur, redact)
+				return t.finishHeadersOnly(res, resp, cur, red)
 			}
 			for k := range secretHeaders {
 				headers.Del(k)
@@ -413,27 +405,78 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 }
 
 // finish reads a bounded body and redacts.
-func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, redact func(string) string) (*Result, error) {
+func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red redactor) (*Result, error) {
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, t.o.MaxResponse+1))
+	// Read past the bound by the longest spelling of a value, so an
+	// occurrence that starts before the cut is whole when it is redacted.
+	b, err := io.ReadAll(io.LimitReader(resp.Body, t.o.MaxResponse+int64(red.longest())+1))
 	if err != nil {
-		return nil, refuse("reading the response failed: %s", redact(cleanErr(err)))
+		return nil, refuse("reading the response failed: %s", red.redact(cleanErr(err)))
 	}
+	body := red.redact(string(b))
 	if int64(len(b)) > t.o.MaxResponse {
-		b, res.Truncated = b[:t.o.MaxResponse], true
+		res.Truncated = true
+		cut := int(min(t.o.MaxResponse, int64(len(body))))
+		for cut > 0 && cut < len(body) && !utf8.RuneStart(body[cut]) {
+			cut--
+		}
+		// A value cut short at the end is not recognised by redact: drop
+		// any tail that begins a spelling of one.
+		body = red.scrubTail(body[:cut])
 	}
-	t.fill(res, resp, u, redact)
-	if utf8.Valid(b) {
-		res.Body = redact(string(b))
+	t.fill(res, resp, u, red.redact)
+	if utf8.ValidString(body) {
+		res.Body = body
 	} else {
-		res.BodyBase64 = base64.StdEncoding.EncodeToString([]byte(redact(string(b))))
+		res.BodyBase64 = base64.StdEncoding.EncodeToString([]byte(body))
 	}
 	return res, nil
 }
 
-func (t *Tool) finishHeadersOnly(res *Result, resp *http.Response, u *url.URL, redact func(string) string) (*Result, error) {
+// redactor replaces released values by their placeholders.
+type redactor []secretValue
+
+func (r redactor) redact(s string) string {
+	for _, sv := range r {
+		for _, f := range sv.forms {
+			if f != "" {
+				s = strings.ReplaceAll(s, f, sv.plhold)
+			}
+		}
+	}
+	return s
+}
+
+func (r redactor) longest() int {
+	n := 0
+	for _, sv := range r {
+		for _, f := range sv.forms {
+			n = max(n, len(f))
+		}
+	}
+	return n
+}
+
+// scrubTail removes the longest tail of s that is a proper prefix of a
+// spelling of a value (a value cut by truncation).
+func (r redactor) scrubTail(s string) string {
+	cut := 0
+	for _, sv := range r {
+		for _, f := range sv.forms {
+			for k := min(len(f)-1, len(s)); k > cut; k-- {
+				if strings.HasSuffix(s, f[:k]) {
+					cut = k
+					break
+				}
+			}
+		}
+	}
+	return s[:len(s)-cut]
+}
+
+func (t *Tool) finishHeadersOnly(res *Result, resp *http.Response, u *url.URL, red redactor) (*Result, error) {
 	resp.Body.Close()
-	t.fill(res, resp, u, redact)
+	t.fill(res, resp, u, red.redact)
 	return res, nil
 }
 

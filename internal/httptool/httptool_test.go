@@ -53,6 +53,9 @@ func newUpstream(t *testing.T) *upstream {
 			http.Redirect(w, r, "https://other.example.com"+r.Host[strings.LastIndexByte(r.Host, ':'):]+"/landed?k="+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), http.StatusFound)
 		case "/home":
 			http.Redirect(w, r, "/echo", http.StatusFound)
+		case "/repeat":
+			v := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+			fmt.Fprint(w, strings.Repeat(v+" ", 12))
 		case "/big":
 			w.Write([]byte(strings.Repeat("a", 1000)))
 		default:
@@ -139,8 +142,17 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 				t.Fatalf("%s: echo not redacted as expected: %s", host, out)
 			}
 		}
+		// A value cut by the response bound leaves no piece behind, wherever
+		// the cut falls (the body repeats the value 12 times).
+		for max := int64(1); max < 12*int64(len(canary)+1); max += 7 {
+			res, err := up.tool(max).Do(ctx, &httptool.Args{URL: up.url("api.example.com", "/repeat"),
+				Headers: map[string]string{"Authorization": "Bearer {{secret:api_key}}"}}, rel)
+			if err != nil || !res.Truncated || strings.Contains(res.Body, "s3") || len(res.Body) > int(max) {
+				t.Fatalf("bound %d: %+v %v", max, res, err)
+			}
+		}
 		hits := up.all()
-		if len(hits) != 2 || hits[0].auth != "Bearer "+canary || hits[0].body != `{"k":"`+canary+`"}` || !strings.Contains(hits[0].query, "s3cr3t-CANARY") {
+		if len(hits) != 2+41 || hits[0].auth != "Bearer "+canary || hits[0].body != `{"k":"`+canary+`"}` || !strings.Contains(hits[0].query, "s3cr3t-CANARY") {
 			t.Fatalf("the bound host did not receive the value: %+v", hits)
 		}
 
@@ -160,7 +172,7 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 				t.Fatalf("%s: %v (want %q)", c.url, err, c.want)
 			}
 		}
-		if n := len(up.all()); n != 2 {
+		if n := len(up.all()); n != 43 {
 			t.Fatalf("refused requests reached the server: %d hits", n)
 		}
 		// Unknown secret, legacy (unbound) secret.
@@ -182,7 +194,7 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 				t.Fatalf("audit row: %+v", r)
 			}
 		}
-		if outcomes["released/host_match"] != 2 || outcomes["refused/host_not_allowed"] != 3 || outcomes["refused/unbound"] != 1 ||
+		if outcomes["released/host_match"] != 43 || outcomes["refused/host_not_allowed"] != 3 || outcomes["refused/unbound"] != 1 ||
 			outcomes["refused/secret_not_found"] != 1 || outcomes["refused/invalid_host"] != 2 {
 			t.Fatalf("audit: %v", outcomes)
 		}
