@@ -234,55 +234,71 @@ type secretValue struct {
 	plhold string
 }
 
-// Do executes the request. Refusals and failures are *Error (for the
-// model); their messages never hold a released value.
-func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, error) {
+// Check validates a request's shape (method, URL, headers, bounds) before
+// anything is released or sent; the daemon calls it before asking the
+// caller's approval, so a request that could never go is not approved.
+func Check(a *Args) error {
+	_, _, err := check(a)
+	return err
+}
+
+func check(a *Args) (string, *url.URL, error) {
 	method := strings.ToUpper(a.Method)
 	if method == "" {
 		method = "GET"
 	}
 	if !slices.Contains(methods, method) {
-		return nil, refuse("method %q is not supported: use one of %s", a.Method, strings.Join(methods, ", "))
+		return "", nil, refuse("method %q is not supported: use one of %s", a.Method, strings.Join(methods, ", "))
 	}
 	raw := a.URL
 	if len(raw) > MaxURL {
-		return nil, refuse("the URL is longer than %d bytes", MaxURL)
+		return "", nil, refuse("the URL is longer than %d bytes", MaxURL)
 	}
 	if !strings.Contains(raw, "://") {
 		raw = "https://" + raw
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, refuse("the URL does not parse: give an absolute https:// URL")
+		return "", nil, refuse("the URL does not parse: give an absolute https:// URL")
 	}
 	if u.Scheme != "https" {
-		return nil, refuse("only https URLs are allowed (got %q): secrets and responses travel encrypted", u.Scheme)
+		return "", nil, refuse("only https URLs are allowed (got %q): secrets and responses travel encrypted", u.Scheme)
 	}
 	if u.User != nil {
-		return nil, refuse("URLs with user information (user:password@) are not allowed: put credentials in a header, e.g. Authorization with a {{secret:NAME}} placeholder")
+		return "", nil, refuse("URLs with user information (user:password@) are not allowed: put credentials in a header, e.g. Authorization with a {{secret:NAME}} placeholder")
 	}
 	if placeholder.MatchString(u.Host) || strings.Contains(u.Host, "{{") {
-		return nil, refuse("a placeholder cannot be part of the host: name the host literally")
+		return "", nil, refuse("a placeholder cannot be part of the host: name the host literally")
 	}
 	if u.Hostname() == "" {
-		return nil, refuse("the URL has no host")
+		return "", nil, refuse("the URL has no host")
 	}
 	if len(a.Headers) > MaxHeaders {
-		return nil, refuse("at most %d headers", MaxHeaders)
+		return "", nil, refuse("at most %d headers", MaxHeaders)
 	}
 	for k, v := range a.Headers {
 		if slices.ContainsFunc(forbiddenHeaders, func(f string) bool { return strings.EqualFold(f, k) }) {
-			return nil, refuse("header %q is set by the tool, not by you", k)
+			return "", nil, refuse("header %q is set by the tool, not by you", k)
 		}
 		if len(k)+len(v) > MaxHeaderSize {
-			return nil, refuse("header %q is longer than %d bytes", k, MaxHeaderSize)
+			return "", nil, refuse("header %q is longer than %d bytes", k, MaxHeaderSize)
 		}
 		if placeholder.MatchString(k) {
-			return nil, refuse("a placeholder cannot be part of a header name (%q): put it in the value", k)
+			return "", nil, refuse("a placeholder cannot be part of a header name (%q): put it in the value", k)
 		}
 	}
 	if a.Body != nil && len(*a.Body) > MaxReqBody {
-		return nil, refuse("the body is longer than %d bytes", MaxReqBody)
+		return "", nil, refuse("the body is longer than %d bytes", MaxReqBody)
+	}
+	return method, u, nil
+}
+
+// Do executes the request. Refusals and failures are *Error (for the
+// model); their messages never hold a released value.
+func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, error) {
+	method, u, err := check(a)
+	if err != nil {
+		return nil, err
 	}
 	names := SecretNames(a)
 	var secrets []secretValue

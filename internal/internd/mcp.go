@@ -146,6 +146,11 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 		if r == nil {
 			return toolError("no turn of this session is in progress"), nil
 		}
+		if err := httptool.Check(args); err != nil {
+			// Never ask the caller to approve a request that cannot go.
+			t.d.log.Info("http_request refused", "run", r.id, "secrets", httptool.SecretNames(args), "reason", err.Error())
+			return toolError(err.Error()), nil
+		}
 		if len(httptool.SecretNames(args)) > 0 && r.mode == pb.ApprovalMode_APPROVAL_MODE_MANUAL {
 			t.d.mu.Lock()
 			a := t.d.agent
