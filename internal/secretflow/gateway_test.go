@@ -115,7 +115,17 @@ func TestManualModeRejectAndMalformedCalls(t *testing.T) {
 		if !strings.Contains(s3, "Rejected.") {
 			t.Fatalf("turn 2 after reject: %s", s3)
 		}
+		// A request that cannot go is refused without asking the caller.
+		f.up.Push(agenttest.Call(model, "call_3", "http_request", strings.Replace(f.callArgs("/x"), "https://", "http://", 1)),
+			agenttest.Answer(model, 10, 5, "Not https."))
+		s4 := f.chat(t, `{"stream":true,"approval_mode":"manual","session_id":"`+sid+`","messages":[{"role":"user","content":"plain"}]}`)
+		if !strings.Contains(s4, "Not https.") || strings.Contains(s4, "tool_calls") {
+			t.Fatalf("shape refusal asked the caller: %s", s4)
+		}
 		reqs, _ := json.Marshal(f.up.Requests())
+		if !strings.Contains(string(reqs), "only https URLs") {
+			t.Fatalf("the model was not told about https: %s", reqs)
+		}
 		if !strings.Contains(string(reqs), `unknown field \\\"bogus\\\"`) || !strings.Contains(string(reqs), "the user rejected this request") {
 			t.Fatalf("the model was not told: %s", reqs)
 		}
