@@ -5,6 +5,10 @@ import { createConnectTransport } from "@connectrpc/connect-web";
 import { WorkspaceService } from "./gen/cohort/v1/workspace_pb";
 import { AdminService } from "./gen/cohort/v1/admin_pb";
 import { InternService } from "./gen/cohort/v1/intern_pb";
+import { VaultService } from "./gen/cohort/v1/vault_pb";
+import { ChatService } from "./gen/cohort/v1/chat_pb";
+import { FederationService } from "./gen/cohort/v1/federation_pb";
+import { ErrorDetailSchema } from "./gen/cohort/v1/errors_pb";
 
 const KEY = "cohort.apiKey";
 
@@ -18,6 +22,16 @@ export function signIn(key: string): void {
 
 export function signOut(): void {
   sessionStorage.removeItem(KEY);
+}
+
+// keyKind names the kind of the signed-in key from its public prefix (the
+// console never shows the key itself).
+export function keyKind(): string {
+  const k = apiKey() ?? "";
+  if (k.startsWith("cohort_mk_")) return "management";
+  if (k.startsWith("cohort_wk_")) return "workspace";
+  if (k.startsWith("cohort_pk_")) return "personal";
+  return "unknown";
 }
 
 const bearer: Interceptor = (next) => async (req) => {
@@ -34,9 +48,18 @@ export const transport = createConnectTransport({
 export const workspaces = createClient(WorkspaceService, transport);
 export const admin = createClient(AdminService, transport);
 export const interns = createClient(InternService, transport);
+export const vault = createClient(VaultService, transport);
+export const chat = createClient(ChatService, transport);
+export const federation = createClient(FederationService, transport);
 
 // errorText shows an error as the API words it.
 export function errorText(err: unknown): string {
   if (err instanceof ConnectError) return err.rawMessage;
   return err instanceof Error ? err.message : String(err);
+}
+
+// errorReason is the spec's reason carried by the error's detail, if any.
+export function errorReason(err: unknown): string {
+  if (!(err instanceof ConnectError)) return "";
+  return err.findDetails(ErrorDetailSchema)[0]?.reason ?? "";
 }

@@ -1,32 +1,64 @@
-import { apiKey, signIn, signOut, workspaces, errorText } from "./api";
-import { h, message, field } from "./dom";
-import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { apiKey, signIn, signOut, workspaces, errorText, keyKind } from "./api";
+import { h, message, field, input, leave, onLeave } from "./dom";
+import { workspacesPage } from "./pages/workspaces";
+import { keysPage } from "./pages/keys";
+import { internsPage } from "./pages/interns";
+import { vaultPage } from "./pages/vault";
+import { chatPage } from "./pages/chat";
+import { federationPage } from "./pages/federation";
 
 const app = document.getElementById("app")!;
 const nav = document.getElementById("nav")!;
 
-type Page = (root: HTMLElement) => Promise<void> | void;
+// A page renders into root; arg is the rest of the route (an id).
+type Page = (root: HTMLElement, arg: string) => Promise<void> | void;
 
-const pages: Record<string, Page> = {
-  "/": signInPage,
-  "/workspaces": workspacesPage,
+const pages: Record<string, [string, Page]> = {
+  workspaces: ["Workspaces", workspacesPage],
+  keys: ["API keys", keysPage],
+  interns: ["Interns", internsPage],
+  chat: ["Playground", chatPage],
+  vault: ["Vault", vaultPage],
+  federation: ["Workload identity", federationPage],
 };
 
 function render(): void {
-  const path = location.hash.replace(/^#/, "") || "/";
+  leave();
+  const [name = "", arg = ""] = location.hash.replace(/^#\/?/, "").split("/");
+  const signedIn = apiKey() !== null;
+  const entry = signedIn ? pages[name] : undefined;
   nav.replaceChildren(
-    ...(apiKey()
-      ? [h("a", { href: "#/workspaces" }, "Workspaces"), h("a", { href: "#/", onclick: () => signOut() }, "Sign out")]
+    ...(signedIn
+      ? [
+          ...Object.entries(pages).map(([k, [label]]) => h("a", { href: `#/${k}`, "aria-current": k === name ? "page" : undefined }, label)),
+          h("span", { class: "who" }, `${keyKind()} key`),
+          h("button", { type: "button", class: "link", onclick: () => { signOut(); location.hash = "#/"; render(); } }, "Sign out"),
+        ]
       : []),
   );
-  const page = apiKey() ? pages[path] ?? signInPage : signInPage;
   app.replaceChildren();
-  void page(app);
-  app.focus();
+  document.title = `${entry ? entry[0] : "Sign in"} · Cohort console`;
+  void Promise.resolve((entry ? entry[1] : signInPage)(app, decodeURIComponent(arg)));
+  // Move focus to the new page's heading, so keyboard and screen reader
+  // users start there; pages that load data first add it a moment later.
+  const focusHeading = () => {
+    const h1 = app.querySelector("h1");
+    h1?.focus();
+    return h1 !== null;
+  };
+  if (!focusHeading()) {
+    const mo = new MutationObserver(() => focusHeading() && mo.disconnect());
+    mo.observe(app, { childList: true, subtree: true });
+    onLeave(() => mo.disconnect());
+  }
 }
 
 function signInPage(root: HTMLElement): void {
-  const key = h("input", { type: "password", name: "key", autocomplete: "off", required: true, id: "key" }) as HTMLInputElement;
+  if (apiKey()) {
+    location.hash = "#/workspaces";
+    return;
+  }
+  const key = input({ type: "password", name: "key", autocomplete: "off", required: true, id: "key", spellcheck: "false" });
   const out = h("div");
   const form = h(
     "form",
@@ -36,6 +68,7 @@ function signInPage(root: HTMLElement): void {
         signIn(key.value);
         try {
           await workspaces.listWorkspaces({});
+          key.value = "";
           location.hash = "#/workspaces";
           render();
         } catch (err) {
@@ -44,74 +77,11 @@ function signInPage(root: HTMLElement): void {
         }
       },
     },
-    field("API key", key),
+    field("API key", key, "Management keys administer the organization; workspace keys chat and store secrets."),
     h("button", { type: "submit" }, "Sign in"),
     out,
   );
-  root.append(h("h1", {}, "Sign in"), h("p", {}, "The key stays in this tab's session storage."), form);
-}
-
-async function workspacesPage(root: HTMLElement): Promise<void> {
-  const list = h("div");
-  const out = h("div");
-  const name = h("input", { name: "name", required: true, maxlength: "100" }) as HTMLInputElement;
-  const slug = h("input", { name: "slug", maxlength: "50", pattern: "[a-z0-9]+(-[a-z0-9]+)*" }) as HTMLInputElement;
-  const description = h("textarea", { name: "description", maxlength: "500" }) as HTMLTextAreaElement;
-  const load = async () => {
-    try {
-      const res = await workspaces.listWorkspaces({});
-      list.replaceChildren(
-        h(
-          "table",
-          {},
-          h("thead", {}, h("tr", {}, h("th", {}, "Name"), h("th", {}, "Slug"), h("th", {}, "Id"), h("th", {}, "Created"))),
-          h(
-            "tbody",
-            {},
-            ...res.data.map((w) =>
-              h(
-                "tr",
-                {},
-                h("td", {}, w.name),
-                h("td", {}, w.slug),
-                h("td", { class: "mono" }, w.id),
-                h("td", {}, w.createdAt ? timestampDate(w.createdAt).toLocaleString() : ""),
-              ),
-            ),
-          ),
-        ),
-      );
-    } catch (err) {
-      list.replaceChildren(message("error", errorText(err)));
-    }
-  };
-  const form = h(
-    "form",
-    {
-      onsubmit: async (e: Event) => {
-        e.preventDefault();
-        try {
-          const res = await workspaces.createWorkspace({
-            name: name.value,
-            slug: slug.value || undefined,
-            description: description.value || undefined,
-          });
-          out.replaceChildren(message("ok", `Created ${res.data?.slug}`));
-          (e.target as HTMLFormElement).reset();
-          await load();
-        } catch (err) {
-          out.replaceChildren(message("error", errorText(err)));
-        }
-      },
-    },
-    field("Name", name),
-    field("Slug (optional)", slug),
-    field("Description", description),
-    h("button", { type: "submit" }, "Create workspace"),
-    out,
-  );
-  root.append(h("h1", {}, "Workspaces"), list, h("h2", {}, "Create a workspace"), form);
-  await load();
+  root.append(h("h1", { tabindex: "-1" }, "Sign in"), h("p", {}, "The key stays in this tab's session storage."), form);
 }
 
 window.addEventListener("hashchange", render);
