@@ -74,8 +74,6 @@ type Config struct {
 	GatewayURL string
 	// HTTPTool configures the http_request tool (zero: production).
 	HTTPTool httptool.Options
-	// Release, when set, replaces the gateway as the vault (tests).
-	Release func(ctx context.Context, runID, name, host string) (string, error)
 	// Log receives the daemon's logs; nil discards them.
 	Log *slog.Logger
 	// Now is the clock (tests); nil is time.Now.

@@ -190,9 +190,6 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 // release asks the gateway's vault for a value. The error message is the
 // vault's (safe for the model: which secret, which host, why).
 func (t *tools) release(ctx context.Context, runID, name, host string) (string, error) {
-	if t.d.cfg.Release != nil {
-		return t.d.cfg.Release(ctx, runID, name, host)
-	}
 	if t.gw == nil {
 		return "", errors.New("this intern has no vault connection (the daemon was started without a gateway URL)")
 	}
