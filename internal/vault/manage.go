@@ -10,6 +10,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -162,6 +163,12 @@ func (s *Service) delete(ctx context.Context, scope, owner, name string) error {
 func (s *Service) ListReleases(ctx context.Context, p *auth.Principal, req *cohortv1.ListSecretReleasesRequest) (*cohortv1.ListSecretReleasesResponse, error) {
 	if p == nil {
 		return nil, apierr.Unauthenticated("missing API key")
+	}
+	if p.KeyKind != auth.KindOperator {
+		// A vault read like any other: the programme's plain 404 first.
+		if err := interns.CheckProgramme(p); err != nil {
+			return nil, err
+		}
 	}
 	if p.KeyKind != store.KeyManagement && p.KeyKind != auth.KindOperator {
 		return nil, apierr.New(http.StatusForbidden, "forbidden", "the vault audit requires a management key")

@@ -264,6 +264,11 @@ func TestAuditListForAdmins(t *testing.T) {
 		if strings.Contains(res.String()+res2.String(), "canary-audit-value") {
 			t.Fatal("audit shows the value")
 		}
+		// Outside the interns programme the audit is a vault read like any other: 404.
+		setEntitlements(t, e, false, true)
+		if _, err := call(e.ManagementKey, &cohortv1.ListSecretReleasesRequest{}); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("outside the programme: %v", err)
+		}
 	})
 }
 
