@@ -256,6 +256,7 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.printOne(in)
 	}},
+	"vault audit":      {"--org ID [--id INTERN_ID]  the vault's release decisions, newest first (at most 1000; never values)", vaultAudit},
 	"vault rotate-kek": {"[--kek-file F]  new KEK primary key; re-wrap every vault's data keys (ciphertexts untouched, no downtime)", vaultRotateKEK},
 }
 

@@ -13,9 +13,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
 // internCmd runs one intern's daemon: `cohort intern`.
@@ -39,6 +41,8 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		maxPaused    = fs.Int("max-paused-runs", envInt("COHORT_MAX_PAUSED_RUNS", 256), "runs held open across a question; past it new turns get 503 busy (COHORT_MAX_PAUSED_RUNS)")
 		initTimeout  = fs.Duration("init-timeout", envDuration("COHORT_INIT_TIMEOUT", 30*time.Second), "how long the agent may take to answer initialize (COHORT_INIT_TIMEOUT)")
 		logLevel     = fs.String("log-level", env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+		gatewayURL   = fs.String("gateway-url", env("COHORT_GATEWAY_URL", ""), "the gateway's API base (http://host:port/api/v1): the http_request tool asks its vault for secrets with the daemon secret (COHORT_GATEWAY_URL)")
+		toolCAFile   = fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the http_request tool trusts besides the system roots (COHORT_HTTP_TOOL_CA_FILE)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -54,13 +58,18 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	roots, err := safehttp.ExtraRootsFromFile(*toolCAFile)
+	if err != nil {
+		return err
+	}
 	argv := strings.Fields(*agentCommand)
 	if len(argv) == 0 {
 		argv = []string{self, "agent"}
 	}
 	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv,
 		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
-		MaxPausedRuns: *maxPaused, InitTimeout: *initTimeout, Log: log.With("intern", *internID)})
+		MaxPausedRuns: *maxPaused, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
+		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots}})
 	if err != nil {
 		return err
 	}

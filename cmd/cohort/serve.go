@@ -67,7 +67,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
-	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir, AgentCommand: cfg.AgentCommand}
+	// Listen first: local daemons are told where the gateway is.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
+		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand}
 	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
 	defer prov.Close()
 	if err := prov.Start(ctx); err != nil {
@@ -84,10 +90,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopChat()
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
 	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
@@ -117,4 +119,17 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// localGatewayURL is how a daemon on this machine reaches the gateway's
+// API: the listener's port on loopback when it listens on every address.
+func localGatewayURL(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + server.Prefix
 }

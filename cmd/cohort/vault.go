@@ -37,3 +37,18 @@ func vaultRotateKEK(ctx context.Context, e *adminEnv) error {
 	}
 	return e.printOne(&cohortv1.KekRotation{PrimaryKeyId: id, VaultsRewrapped: n})
 }
+
+// vaultAudit is `cohort admin vault audit`: the organization's release
+// decisions (who, which secret, which host, which run, outcome), newest
+// first; the same listing as VaultAdminService.ListSecretReleases.
+func vaultAudit(ctx context.Context, e *adminEnv) error {
+	p, err := e.operator()
+	if err != nil {
+		return err
+	}
+	res, err := (&vault.Service{DB: e.db}).ListReleases(ctx, p, &cohortv1.ListSecretReleasesRequest{InternId: e.f.id, Limit: vault.MaxListLimit})
+	if err != nil {
+		return err
+	}
+	return e.print(protos(res.GetReleases())...)
+}

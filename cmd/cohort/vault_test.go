@@ -92,3 +92,51 @@ func TestSplitList(t *testing.T) {
 		t.Fatal("empty list")
 	}
 }
+
+// TestAdminVaultAudit lists release decisions of the organization, never
+// a value.
+func TestAdminVaultAudit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	if err := run(ctx, []string{"migrate", "--data-dir", dir}, &out, &errb); err != nil {
+		t.Fatalf("migrate: %v %s", err, errb.String())
+	}
+	db, err := store.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := bootstrap.Run(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kek, err := envelope.LoadOrCreate(filepath.Join(dir, "kek.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(db, kek, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p, _ := srv.Auth.Bearer(ctx, "Bearer "+res.WorkspaceKey)
+	if _, err := srv.Vault.Put(ctx, p, "", &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "api_key",
+		Hosts: []string{"api.example.com"}, Value: "audit-cli-value"}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Vault.ReleaseSecret(ctx, res.InternID, "api_key", "api.example.com")
+	srv.Vault.ReleaseSecret(ctx, res.InternID, "api_key", "evil.test")
+	out.Reset()
+	if err := run(ctx, []string{"admin", "vault", "audit", "--data-dir", dir, "--org", res.OrganizationID, "--id", res.InternID, "--json"}, &out, &errb); err != nil {
+		t.Fatalf("audit: %v %s", err, errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if len(rows) != 2 || rows[0]["host"] != "evil.test" || rows[0]["outcome"] != "refused" || rows[1]["reason"] != "host_match" ||
+		strings.Contains(out.String(), "audit-cli-value") {
+		t.Fatalf("audit: %s", out.String())
+	}
+	if err := run(ctx, []string{"admin", "vault", "audit", "--data-dir", dir}, &out, &errb); err == nil {
+		t.Fatal("audit without --org succeeded")
+	}
+}

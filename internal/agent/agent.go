@@ -193,6 +193,9 @@ type session struct {
 	// self-drive prompts, and neither is persisted.
 	escalated bool
 	refused   bool
+	// mcp are the tools of the MCP servers the client gave the session
+	// (not persisted: the client gives them again on session/load).
+	mcp []mcpTool
 }
 
 func (s *session) currentModel() string {
@@ -208,8 +211,10 @@ func (a *Agent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.In
 		AgentInfo:       &acp.Implementation{Name: "cohort-agent", Title: acp.Ptr("Cohort agent"), Version: a.cfg.Version},
 		AgentCapabilities: acp.AgentCapabilities{
 			// Text and resource links only (the baseline); no images, audio or
-			// embedded resources; no MCP servers.
-			LoadSession: a.cfg.StateDir != "",
+			// embedded resources. MCP servers over HTTP: their tools are
+			// offered to the model (the intern daemon's http_request).
+			LoadSession:     a.cfg.StateDir != "",
+			McpCapabilities: acp.McpCapabilities{Http: true},
 		},
 		AuthMethods: []acp.AuthMethod{},
 	}, nil
@@ -234,7 +239,8 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	}
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
-	s := &session{id: acp.SessionId("sess_" + hex.EncodeToString(raw[:])), cwd: a.workDir(p.Cwd), mode: mode, model: model}
+	s := &session{id: acp.SessionId("sess_" + hex.EncodeToString(raw[:])), cwd: a.workDir(p.Cwd), mode: mode, model: model,
+		mcp: a.connectMCP(ctx, p.McpServers)}
 	a.mu.Lock()
 	a.sessions[s.id] = s
 	a.mu.Unlock()
@@ -273,8 +279,10 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 		a.sessions[s.id] = s
 	}
 	a.mu.Unlock()
+	remote := a.connectMCP(ctx, p.McpServers)
 	s.mu.Lock()
 	s.mode = mode
+	s.mcp = remote
 	if p.Cwd != "" {
 		s.cwd = a.workDir(p.Cwd)
 	}

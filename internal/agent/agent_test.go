@@ -147,7 +147,7 @@ func TestInitializeIsHonest(t *testing.T) {
 			caps := resp.AgentCapabilities
 			if resp.ProtocolVersion != acp.ProtocolVersionNumber || caps.LoadSession != c.load ||
 				caps.PromptCapabilities.Image || caps.PromptCapabilities.Audio || caps.PromptCapabilities.EmbeddedContext ||
-				caps.McpCapabilities.Http || caps.McpCapabilities.Sse || resp.AgentInfo == nil || resp.AgentInfo.Name != "cohort-agent" {
+				!caps.McpCapabilities.Http || caps.McpCapabilities.Sse || resp.AgentInfo == nil || resp.AgentInfo.Name != "cohort-agent" {
 				t.Fatalf("%+v", resp)
 			}
 			if !c.load {

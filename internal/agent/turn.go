@@ -195,7 +195,11 @@ func (t *turn) run(ctx context.Context) (acp.StopReason, error) {
 			return acp.StopReasonCancelled, nil
 		}
 		t.s.mu.Lock()
-		req := ModelRequest{Model: t.s.model, Tools: tools, Messages: append([]Message{{Role: "system", Content: systemPrompt}}, t.s.history...)}
+		offered := tools
+		for _, m := range t.s.mcp {
+			offered = append(offered[:len(offered):len(offered)], m.spec)
+		}
+		req := ModelRequest{Model: t.s.model, Tools: offered, Messages: append([]Message{{Role: "system", Content: systemPrompt}}, t.s.history...)}
 		t.s.mu.Unlock()
 		resp, err := t.a.model(req.Model).Complete(ctx, req, t.emit)
 		t.usage.add(resp.Usage)
@@ -294,6 +298,14 @@ func (t *turn) tool(ctx context.Context, call ToolCall) (string, error) {
 		return t.shell(ctx, call)
 	case ToolAskUser:
 		return t.askUser(ctx, call)
+	}
+	t.s.mu.Lock()
+	remote := t.s.mcp
+	t.s.mu.Unlock()
+	for _, m := range remote {
+		if m.spec.Name == call.Name {
+			return t.mcpCall(ctx, m, call)
+		}
 	}
 	_ = t.update(acp.StartToolCall(acp.ToolCallId(call.ID), call.Name, acp.WithStartKind(acp.ToolKindOther), acp.WithStartStatus(acp.ToolCallStatusFailed)))
 	return toolError(fmt.Sprintf("unknown tool %q; the tools are %s and %s", call.Name, ToolShell, ToolAskUser)), nil

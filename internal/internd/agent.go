@@ -36,6 +36,47 @@ type agentProc struct {
 	caps acp.AgentCapabilities
 	done chan struct{} // closed when the process has exited
 	once sync.Once
+	// stdout is the agent's output pipe; in counts the bytes the tap read
+	// from it and handled the bytes of the lines it has handled, so
+	// settle can tell when everything the agent wrote has been handled.
+	stdout  *os.File
+	in      *countingReader
+	handled atomic.Int64
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// settle waits (at most 250 ms) until the tap has handled every line the
+// agent wrote so far: nothing unread in the pipe, nothing read but not
+// handled, twice 1 ms apart. The daemon's own MCP tool calls it before
+// pausing the run, so that text the agent streamed just before calling
+// the tool is in the run's events before the interaction (a request over
+// another connection can overtake lines still in the pipe).
+func (a *agentProc) settle() {
+	if a == nil || a.in == nil {
+		return
+	}
+	quiet := func() (int64, int64, bool) {
+		g, h := a.in.n.Load(), a.handled.Load()
+		return g, h, g == h && pipeUnread(a.stdout) == 0
+	}
+	for deadline := time.Now().Add(250 * time.Millisecond); time.Now().Before(deadline); {
+		g, h, ok := quiet()
+		time.Sleep(time.Millisecond)
+		if g2, h2, ok2 := quiet(); ok && ok2 && g == g2 && h == h2 {
+			return
+		}
+	}
 }
 
 // stop ends the agent: SIGKILL to its process group, unless it has exited
@@ -112,6 +153,7 @@ func (a *agentProc) tap(c *client, r io.Reader, w *io.PipeWriter) {
 				return
 			}
 		}
+		a.handled.Add(int64(len(line)))
 		long = long[:0]
 		if err != nil {
 			w.CloseWithError(err)
@@ -216,11 +258,12 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, "", fmt.Errorf("start agent: %w", err)
 	}
-	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{})}
+	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), in: &countingReader{r: stdout}}
+	a.stdout, _ = stdout.(*os.File)
 	go d.agentStderr(stderr)
 	pr, pw := io.Pipe()
 	c := &client{d: d, a: a}
-	go a.tap(c, stdout, pw)
+	go a.tap(c, a.in, pw)
 	a.conn = acp.NewClientSideConnection(c, stdin, pr)
 	a.conn.SetLogger(d.log.With("component", "acp"))
 	go func() {
@@ -322,6 +365,12 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 	if d.cfg.Model != "" {
 		meta = map[string]any{MetaModel: d.cfg.Model}
 	}
+	// The daemon's MCP server (http_request) for agents that take MCP
+	// over HTTP; a fresh credential per ACP session.
+	servers := []acp.McpServer{}
+	if a.caps.McpCapabilities.Http {
+		servers = append(servers, d.tools.bind(s))
+	}
 	if acpID != "" {
 		// Map the id first: a load replays history as session/update,
 		// which must find the session (and is dropped, no run being live).
@@ -330,7 +379,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		d.mu.Unlock()
 		switch {
 		case a.caps.LoadSession:
-			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: []acp.McpServer{}})
+			res, err := a.conn.LoadSession(ctx, acp.LoadSessionRequest{Meta: meta, SessionId: acp.SessionId(acpID), Cwd: d.work, McpServers: servers})
 			if err == nil {
 				newID, model = acpID, res.Models
 			} else {
@@ -346,7 +395,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		}
 	}
 	if newID == "" {
-		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: []acp.McpServer{}})
+		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: servers})
 		if err != nil {
 			return "", errTurnFailed("the agent refused a new session")
 		}

@@ -26,6 +26,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/httptool"
 )
 
 // Limits of the daemon protocol (the spec's Limits table).
@@ -68,6 +69,11 @@ type Config struct {
 	// CancelGrace is how long a cancelled turn waits for the agent to
 	// confirm before the daemon abandons the agent's prompt (default 5 s).
 	CancelGrace time.Duration
+	// GatewayURL is the gateway's API base (…/api/v1): the http_request
+	// tool asks its InternGatewayService for secrets, presenting Secret.
+	GatewayURL string
+	// HTTPTool configures the http_request tool (zero: production).
+	HTTPTool httptool.Options
 	// Log receives the daemon's logs; nil discards them.
 	Log *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
@@ -110,6 +116,7 @@ type Daemon struct {
 	log   *slog.Logger
 	store *fileStore
 	work  string
+	tools *tools // the MCP server offering http_request to the agent
 
 	// agentMu serializes starting the agent.
 	agentMu sync.Mutex
@@ -170,6 +177,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: fs, work: work,
 		sessions: map[string]*session{}, byACP: map[string]*session{}}
+	if err := d.startTools(); err != nil {
+		return nil, err
+	}
 	recs, errs := fs.loadAll()
 	for _, err := range errs {
 		d.log.Error("session file skipped", "err", err)
@@ -209,6 +219,7 @@ func (d *Daemon) Close() error {
 		a.stop()
 	}
 	d.turns.Wait()
+	d.tools.close()
 	return nil
 }
 

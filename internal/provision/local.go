@@ -142,6 +142,9 @@ func (s *supervisor) once(ctx context.Context) error {
 	if p.AgentCommand != "" {
 		args = append(args, "--agent-command", p.AgentCommand)
 	}
+	if p.GatewayURL != "" {
+		args = append(args, "--gateway-url", p.GatewayURL)
+	}
 	cmd := exec.Command(argv[0], args...)
 	// The secret goes by environment, never on the command line (ps shows that).
 	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)

@@ -23,6 +23,8 @@ package provision
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"log/slog"
 	"net/http"
@@ -65,6 +67,9 @@ type Provisioner struct {
 	DataDir string
 	// Command runs `cohort intern` (local); default: this executable.
 	Command []string
+	// GatewayURL, when set, is passed to local daemons as --gateway-url:
+	// where their http_request tool reaches the vault.
+	GatewayURL string
 	// AgentCommand, when set, is passed to local daemons as --agent-command.
 	AgentCommand string
 	// HealthTimeout bounds a local daemon's start (default 30 s).
@@ -307,4 +312,20 @@ func (p *Provisioner) Close() {
 	for _, s := range sups {
 		s.stop()
 	}
+}
+
+// VerifyDaemonSecret reports whether presented is the daemon secret stored
+// (wrapped by the KEK) on the intern's row. The intern's daemon presents it
+// to the gateway's InternGatewayService. Both sides are hashed first, so
+// the comparison is constant-time whatever the lengths.
+func VerifyDaemonSecret(kek *envelope.KEK, in *store.Intern, presented string) bool {
+	if in.DaemonSecret == "" || presented == "" {
+		return false
+	}
+	stored, err := (&Provisioner{KEK: kek}).unwrap(in)
+	if err != nil {
+		return false
+	}
+	a, b := sha256.Sum256([]byte(stored)), sha256.Sum256([]byte(presented))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }

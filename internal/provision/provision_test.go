@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -109,7 +110,7 @@ func TestLocalLifecycle(t *testing.T) {
 		var prov *provision.Provisioner
 		e := testenv.New(t, db, func(s *server.Server) {
 			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Local, DataDir: dataDir,
-				Command: []string{bin}, RestartBackoff: 100 * time.Millisecond}
+				Command: []string{bin}, RestartBackoff: 100 * time.Millisecond, GatewayURL: "http://gateway.test:1/api/v1"}
 			s.Provisioner, s.Interns.Lifecycle = prov, prov
 		})
 		t.Cleanup(prov.Close)
@@ -121,6 +122,11 @@ func TestLocalLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
+		// The daemon is told where the gateway's vault is.
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", prov.DaemonPID(id))); err != nil ||
+			!strings.Contains(string(b), "--gateway-url\x00http://gateway.test:1/api/v1") {
+			t.Fatalf("daemon command line lacks --gateway-url: %q %v", b, err)
+		}
 		in := loadIntern(t, db, id)
 		if in.Provisioner != provision.Local || !strings.HasPrefix(in.DaemonURL, "http://127.0.0.1:") || in.DaemonSecret == "" {
 			t.Fatalf("daemon record: %+v", in)

@@ -83,11 +83,19 @@ func (s *Server) Handler() http.Handler {
 	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
 	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
 	mount(vault.NewConnectHandler(s.Vault, opts))
+	mount(cohortv1connect.NewVaultAdminServiceHandler(vault.AdminHandler{S: s.Vault}, opts))
+	// Interns' daemons authenticate with their own secret, not an API key.
+	mount(vault.NewGatewayHandler(s.Vault, connect.WithInterceptors(apierr.ConnectInterceptor(s.Log))))
 
 	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
 	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
 	vr := vault.REST{S: s.Vault, Auth: s.Auth}
 	mux.HandleFunc("PUT "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.Put)
+	mux.HandleFunc("DELETE "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.DeleteIntern)
+	mux.HandleFunc("GET "+Prefix+"/vault/interns/{internId}/secrets", vr.ListIntern)
+	mux.HandleFunc("PUT "+Prefix+"/vault/secrets/{name}", vr.PutWorkspace)
+	mux.HandleFunc("DELETE "+Prefix+"/vault/secrets/{name}", vr.DeleteWorkspace)
+	mux.HandleFunc("GET "+Prefix+"/vault/secrets", vr.ListWorkspace)
 	mux.HandleFunc(Prefix+"/vault/", vr.Other)
 	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
 	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}

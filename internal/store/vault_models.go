@@ -51,14 +51,19 @@ type VaultSecret struct {
 type VaultRelease struct {
 	bun.BaseModel `bun:"table:vault_releases"`
 
-	ID             string    `bun:"id,pk"`
-	OrganizationID *string   `bun:"organization_id"`
-	InternID       string    `bun:"intern_id,notnull"`
-	VaultID        *string   `bun:"vault_id"`
-	SecretName     string    `bun:"secret_name,notnull"`
-	Host           string    `bun:"host,notnull"`
-	Outcome        string    `bun:"outcome,notnull"`
-	Reason         string    `bun:"reason,notnull"`
-	Actor          string    `bun:"actor,notnull"`
-	CreatedAt      time.Time `bun:"created_at,notnull"`
+	ID             string  `bun:"id,pk"`
+	OrganizationID *string `bun:"organization_id"`
+	InternID       string  `bun:"intern_id,notnull"`
+	VaultID        *string `bun:"vault_id"`
+	// VaultScope is the scope kind of the vault that answered (intern or
+	// workspace); empty when none did.
+	VaultScope string `bun:"vault_scope,notnull"`
+	// RunID is the daemon run whose tool asked, when there is one.
+	RunID      *string   `bun:"run_id"`
+	SecretName string    `bun:"secret_name,notnull"`
+	Host       string    `bun:"host,notnull"`
+	Outcome    string    `bun:"outcome,notnull"`
+	Reason     string    `bun:"reason,notnull"`
+	Actor      string    `bun:"actor,notnull"`
+	CreatedAt  time.Time `bun:"created_at,notnull"`
 }

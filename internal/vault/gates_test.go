@@ -40,6 +40,9 @@ func TestOutsideProgrammeIsPlainNotFoundOnEveryVaultRoute(t *testing.T) {
 			{"DELETE", secretPath(e.InternID, "token"), ""},
 			{"GET", "/vault/interns/" + e.InternID + "/secrets", ""},
 			{"GET", "/vault/workspaces/" + e.WorkspaceID + "/secrets/token", ""},
+			{"GET", "/vault/secrets", ""},
+			{"PUT", "/vault/secrets/token", putBody(t, []string{"x.com"}, "v")},
+			{"DELETE", "/vault/secrets/token", ""},
 		} {
 			st, body, _ := e.Do(t, r.method, r.path, e.WorkspaceKey, "application/json", r.body)
 			if st != 404 || body != `{"error":{"code":404,"message":"not found"}}`+"\n" {
@@ -57,10 +60,21 @@ func TestInsideProgrammeOtherRoutes(t *testing.T) {
 	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
 		st, body, h := e.Do(t, "GET", secretPath(e.InternID, "token"), e.WorkspaceKey, "", "")
 		wantError(t, st, body, 405, "method_not_allowed", "never read back")
-		if h.Get("Allow") != "PUT" {
+		if h.Get("Allow") != "PUT, DELETE" {
 			t.Fatalf("Allow: %q", h.Get("Allow"))
 		}
-		st, body, _ = e.Do(t, "GET", "/vault/interns/"+e.InternID+"/secrets", e.WorkspaceKey, "", "")
+		for _, r := range []struct{ method, path, allow string }{
+			{"POST", "/vault/interns/" + e.InternID + "/secrets", "GET"},
+			{"GET", "/vault/secrets/token", "PUT, DELETE"},
+			{"POST", "/vault/secrets", "GET"},
+		} {
+			st, body, h = e.Do(t, r.method, r.path, e.WorkspaceKey, "", "")
+			wantError(t, st, body, 405, "method_not_allowed")
+			if h.Get("Allow") != r.allow {
+				t.Fatalf("%s %s: Allow %q", r.method, r.path, h.Get("Allow"))
+			}
+		}
+		st, body, _ = e.Do(t, "GET", "/vault/workspaces/"+e.WorkspaceID+"/secrets", e.WorkspaceKey, "", "")
 		wantError(t, st, body, 404, "not_found", "no vault route")
 		st, body, _ = e.Do(t, "PUT", secretPath(e.InternID, ""), e.WorkspaceKey, "application/json", putBody(t, []string{"x.com"}, "v"))
 		wantError(t, st, body, 404, "not_found")

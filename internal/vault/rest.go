@@ -2,6 +2,7 @@ package vault
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,18 +93,161 @@ func (h REST) Put(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, status, ToJSON(res.GetSecret()))
 }
 
+// PutWorkspace handles PUT /api/v1/vault/secrets/{name}: 201 when new,
+// 200 when it replaced a secret of the key's workspace.
+func (h REST) PutWorkspace(w http.ResponseWriter, r *http.Request) {
+	p := h.admit(w, r, true)
+	if p == nil {
+		return
+	}
+	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	var b putBody
+	if err := httpx.DecodeStrict(body, &b); err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	req := &cohortv1.PutWorkspaceSecretRequest{Name: r.PathValue("name"), Hosts: b.Hosts}
+	if b.Value != nil {
+		req.Value = *b.Value
+	}
+	res, err := h.S.PutWorkspace(r.Context(), p, r.Host, req)
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	status := http.StatusOK
+	if res.GetCreated() {
+		status = http.StatusCreated
+	}
+	httpx.WriteJSON(w, status, ToJSON(res.GetSecret()))
+}
+
+// ListJSON is a page of secret metadata.
+type ListJSON struct {
+	Data    []SecretJSON `json:"data"`
+	HasMore bool         `json:"has_more"`
+}
+
+func listJSON(ms []*cohortv1.SecretMetadata, more bool) ListJSON {
+	out := ListJSON{Data: make([]SecretJSON, len(ms)), HasMore: more}
+	for i, m := range ms {
+		out.Data[i] = ToJSON(m)
+	}
+	return out
+}
+
+// pageQuery reads ?limit= and ?after=; unknown parameters are refused.
+func pageQuery(r *http.Request) (int32, string, error) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "limit" && k != "after" {
+			return 0, "", apierr.BadRequest("unknown query parameter %q: use limit and after", k)
+		}
+	}
+	var limit int32
+	if v := q.Get("limit"); v != "" || q.Has("limit") {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return 0, "", apierr.BadRequest("limit must be an integer from 1 to %d", MaxListLimit)
+		}
+		limit = int32(n)
+	}
+	return limit, q.Get("after"), nil
+}
+
+// ListIntern handles GET /api/v1/vault/interns/{internId}/secrets.
+func (h REST) ListIntern(w http.ResponseWriter, r *http.Request) {
+	p := h.admit(w, r, false)
+	if p == nil {
+		return
+	}
+	limit, after, err := pageQuery(r)
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	res, err := h.S.ListIntern(r.Context(), p, r.Host, &cohortv1.ListInternSecretsRequest{InternId: r.PathValue("internId"), Limit: limit, After: after})
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
+}
+
+// ListWorkspace handles GET /api/v1/vault/secrets.
+func (h REST) ListWorkspace(w http.ResponseWriter, r *http.Request) {
+	p := h.admit(w, r, false)
+	if p == nil {
+		return
+	}
+	limit, after, err := pageQuery(r)
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	res, err := h.S.ListWorkspace(r.Context(), p, r.Host, &cohortv1.ListWorkspaceSecretsRequest{Limit: limit, After: after})
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
+}
+
+// DeleteIntern handles DELETE /api/v1/vault/interns/{internId}/secrets/{name}: 204.
+func (h REST) DeleteIntern(w http.ResponseWriter, r *http.Request) {
+	p := h.admit(w, r, true)
+	if p == nil {
+		return
+	}
+	_, err := h.S.DeleteIntern(r.Context(), p, r.Host, &cohortv1.DeleteInternSecretRequest{InternId: r.PathValue("internId"), Name: r.PathValue("name")})
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// DeleteWorkspace handles DELETE /api/v1/vault/secrets/{name}: 204.
+func (h REST) DeleteWorkspace(w http.ResponseWriter, r *http.Request) {
+	p := h.admit(w, r, true)
+	if p == nil {
+		return
+	}
+	_, err := h.S.DeleteWorkspace(r.Context(), p, r.Host, &cohortv1.DeleteWorkspaceSecretRequest{Name: r.PathValue("name")})
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // Other answers every other request under /api/v1/vault/: after the same
-// gates, 405 on a secret's path with another method than PUT, else 404.
+// gates, 405 on a known path with a method it does not take, else 404.
 func (h REST) Other(w http.ResponseWriter, r *http.Request) {
 	if h.admit(w, r, false) == nil {
 		return
 	}
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	allow := ""
+	switch {
 	// api v1 vault interns {id} secrets {name}
-	if len(parts) == 7 && parts[3] == "interns" && parts[5] == "secrets" && parts[4] != "" && parts[6] != "" {
-		w.Header().Set("Allow", http.MethodPut)
+	case len(parts) == 7 && parts[3] == "interns" && parts[5] == "secrets" && parts[4] != "" && parts[6] != "":
+		allow = "PUT, DELETE"
+	case len(parts) == 6 && parts[3] == "interns" && parts[5] == "secrets" && parts[4] != "":
+		allow = "GET"
+	case len(parts) == 5 && parts[3] == "secrets" && parts[4] != "":
+		allow = "PUT, DELETE"
+	case len(parts) == 4 && parts[3] == "secrets":
+		allow = "GET"
+	}
+	if allow != "" {
+		w.Header().Set("Allow", allow)
 		httpx.WriteError(w, r, apierr.New(http.StatusMethodNotAllowed, "method_not_allowed",
-			"%s is not supported on a secret: secrets are written with PUT and never read back", r.Method), true)
+			"%s is not supported here (allowed: %s): secret values are never read back", r.Method, allow), true)
 		return
 	}
 	httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no vault route for %s %s", r.Method, r.URL.Path), true)

@@ -197,38 +197,78 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 	if err != nil {
 		return nil, err
 	}
-	name := req.GetName()
+	in, err := s.checkPut(req.GetName(), req.GetHosts(), req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	intern, err := s.Interns.Load(ctx, p, internID)
+	if err != nil {
+		return nil, err
+	}
+	row, created, err := s.put(ctx, intern.OrganizationID, store.VaultScopeIntern, intern.ID, in)
+	if err != nil {
+		return nil, err
+	}
+	return &cohortv1.PutInternSecretResponse{Secret: metadata(row), Created: created}, nil
+}
+
+// PutWorkspace creates or replaces a secret in the vault of the workspace
+// the key selects (each workspace has its own vault and keys).
+func (s *Service) PutWorkspace(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.PutWorkspaceSecretRequest) (*cohortv1.PutWorkspaceSecretResponse, error) {
+	if err := s.Admit(p, requestHost, true); err != nil {
+		return nil, err
+	}
+	in, err := s.checkPut(req.GetName(), req.GetHosts(), req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	row, created, err := s.put(ctx, p.OrganizationID, store.VaultScopeWorkspace, p.WorkspaceID, in)
+	if err != nil {
+		return nil, err
+	}
+	return &cohortv1.PutWorkspaceSecretResponse{Secret: metadata(row), Created: created}, nil
+}
+
+// putInput is a checked secret to store.
+type putInput struct {
+	name  string
+	hosts []string
+	value string
+}
+
+func (s *Service) checkPut(name string, rawHosts []string, value string) (*putInput, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	hosts, err := NormalizeHosts(req.GetHosts())
+	hosts, err := NormalizeHosts(rawHosts)
 	if err != nil {
 		return nil, err
 	}
-	value := req.GetValue()
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	in, err := s.Interns.Load(ctx, p, internID)
+	return &putInput{name: name, hosts: hosts, value: value}, nil
+}
+
+// put seals and stores a checked secret in the owner's vault (created on
+// first use) and reports whether it was new.
+func (s *Service) put(ctx context.Context, orgID, scope, owner string, in *putInput) (*store.VaultSecret, bool, error) {
+	v, kr, err := s.ownerVault(ctx, orgID, scope, owner)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	v, kr, err := s.internVault(ctx, in)
+	vb := []byte(in.value)
+	ct, err := kr.Seal(v.ID, in.name, in.hosts, vb)
 	if err != nil {
-		return nil, err
-	}
-	vb := []byte(value)
-	ct, err := kr.Seal(v.ID, name, hosts, vb)
-	if err != nil {
-		return nil, apierr.Internal(fmt.Errorf("seal secret in vault %s: %w", v.ID, err))
+		return nil, false, apierr.Internal(fmt.Errorf("seal secret in vault %s: %w", v.ID, err))
 	}
 	fp, err := kr.Fingerprint(vb)
 	if err != nil {
-		return nil, apierr.Internal(fmt.Errorf("fingerprint in vault %s: %w", v.ID, err))
+		return nil, false, apierr.Internal(fmt.Errorf("fingerprint in vault %s: %w", v.ID, err))
 	}
-	hj := hostsJSON(hosts)
+	hj := hostsJSON(in.hosts)
 	now := s.now()
-	row := &store.VaultSecret{VaultID: v.ID, Name: name, Ciphertext: ct, Hosts: &hj, Fingerprint: &fp, CreatedAt: now}
+	row := &store.VaultSecret{VaultID: v.ID, Name: in.name, Ciphertext: ct, Hosts: &hj, Fingerprint: &fp, CreatedAt: now}
 	// One statement creates or replaces. A replace keeps created_at and
 	// sets updated_at, which tells the two apart.
 	err = s.DB.NewInsert().Model(row).
@@ -240,9 +280,9 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 		Returning("created_at, updated_at").
 		Scan(ctx)
 	if err != nil {
-		return nil, apierr.Internal(fmt.Errorf("store secret in vault %s: %w", v.ID, err))
+		return nil, false, apierr.Internal(fmt.Errorf("store secret in vault %s: %w", v.ID, err))
 	}
-	return &cohortv1.PutInternSecretResponse{Secret: metadata(row), Created: row.UpdatedAt == nil}, nil
+	return row, row.UpdatedAt == nil, nil
 }
 
 // Metadata returns a stored secret's metadata (legacy rows included, with
@@ -263,7 +303,7 @@ func (s *Service) Metadata(ctx context.Context, p *auth.Principal, requestHost, 
 	if err != nil {
 		return nil, err
 	}
-	v, err := s.findVault(ctx, in.ID)
+	v, err := s.findVault(ctx, store.VaultScopeIntern, in.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -285,11 +325,11 @@ func metadata(row *store.VaultSecret) *cohortv1.SecretMetadata {
 
 var errSecretNotFound = apierr.NotFound("secret not found")
 
-// findVault returns the intern's vault, or a 404 for the secret when the
-// intern has none yet.
-func (s *Service) findVault(ctx context.Context, internID string) (*store.Vault, error) {
+// findVault returns the owner's vault, or a 404 for the secret when the
+// owner has none yet.
+func (s *Service) findVault(ctx context.Context, scope, owner string) (*store.Vault, error) {
 	var v store.Vault
-	err := s.DB.NewSelect().Model(&v).Where("scope_kind = ? AND owner_id = ?", store.VaultScopeIntern, internID).Scan(ctx)
+	err := s.DB.NewSelect().Model(&v).Where("scope_kind = ? AND owner_id = ?", scope, owner).Scan(ctx)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errSecretNotFound
 	}
@@ -311,23 +351,23 @@ func (s *Service) findSecret(ctx context.Context, v *store.Vault, name string) (
 	return &row, nil
 }
 
-// internVault returns the intern's vault and its keys, creating the vault
+// ownerVault returns the owner's vault and its keys, creating the vault
 // (with fresh keys) on first use.
-func (s *Service) internVault(ctx context.Context, in *store.Intern) (*store.Vault, *Keyring, error) {
-	v, err := s.findVault(ctx, in.ID)
+func (s *Service) ownerVault(ctx context.Context, orgID, scope, owner string) (*store.Vault, *Keyring, error) {
+	v, err := s.findVault(ctx, scope, owner)
 	if err == errSecretNotFound {
 		var kr *Keyring
-		if v, kr, err = s.createVault(ctx, in); kr != nil || err != nil {
+		if v, kr, err = s.createVault(ctx, orgID, scope, owner); kr != nil || err != nil {
 			return v, kr, err
 		}
 		// A concurrent request created it first: use theirs.
-		v, err = s.findVault(ctx, in.ID)
+		v, err = s.findVault(ctx, scope, owner)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if v.OrganizationID != in.OrganizationID {
-		return nil, nil, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its intern", v.ID))
+	if v.OrganizationID != orgID {
+		return nil, nil, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", v.ID))
 	}
 	kr, err := s.keyring(v)
 	if err != nil {
@@ -336,11 +376,10 @@ func (s *Service) internVault(ctx context.Context, in *store.Intern) (*store.Vau
 	return v, kr, nil
 }
 
-// createVault makes the intern's vault with fresh keys. It returns no
+// createVault makes the owner's vault with fresh keys. It returns no
 // keyring and no error when another request created the vault first.
-func (s *Service) createVault(ctx context.Context, in *store.Intern) (*store.Vault, *Keyring, error) {
-	v := &store.Vault{ID: uuid.NewString(), OrganizationID: in.OrganizationID, ScopeKind: store.VaultScopeIntern,
-		OwnerID: in.ID, CreatedAt: s.now()}
+func (s *Service) createVault(ctx context.Context, orgID, scope, owner string) (*store.Vault, *Keyring, error) {
+	v := &store.Vault{ID: uuid.NewString(), OrganizationID: orgID, ScopeKind: scope, OwnerID: owner, CreatedAt: s.now()}
 	kr, err := NewKeyring(s.KEK, v)
 	if err != nil {
 		return nil, nil, apierr.Internal(fmt.Errorf("new vault keys: %w", err))

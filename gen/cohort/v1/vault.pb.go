@@ -225,6 +225,753 @@ func (x *PutInternSecretResponse) GetCreated() bool {
 	return false
 }
 
+type ListInternSecretsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	InternId string                 `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	// At most this many secrets (1 to 1000; 0 means 100).
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only secrets whose name sorts after this one (the last name of the
+	// previous page).
+	After         string `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInternSecretsRequest) Reset() {
+	*x = ListInternSecretsRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInternSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInternSecretsRequest) ProtoMessage() {}
+
+func (x *ListInternSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInternSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListInternSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListInternSecretsRequest) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *ListInternSecretsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListInternSecretsRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+type ListInternSecretsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Secrets []*SecretMetadata      `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// True when more secrets follow the last one returned.
+	HasMore       bool `protobuf:"varint,2,opt,name=has_more,json=hasMore,proto3" json:"has_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInternSecretsResponse) Reset() {
+	*x = ListInternSecretsResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInternSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInternSecretsResponse) ProtoMessage() {}
+
+func (x *ListInternSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInternSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListInternSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListInternSecretsResponse) GetSecrets() []*SecretMetadata {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *ListInternSecretsResponse) GetHasMore() bool {
+	if x != nil {
+		return x.HasMore
+	}
+	return false
+}
+
+type DeleteInternSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InternId      string                 `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteInternSecretRequest) Reset() {
+	*x = DeleteInternSecretRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteInternSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteInternSecretRequest) ProtoMessage() {}
+
+func (x *DeleteInternSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteInternSecretRequest.ProtoReflect.Descriptor instead.
+func (*DeleteInternSecretRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteInternSecretRequest) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *DeleteInternSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteInternSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteInternSecretResponse) Reset() {
+	*x = DeleteInternSecretResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteInternSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteInternSecretResponse) ProtoMessage() {}
+
+func (x *DeleteInternSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteInternSecretResponse.ProtoReflect.Descriptor instead.
+func (*DeleteInternSecretResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{6}
+}
+
+type PutWorkspaceSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Hosts         []string               `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	Value         string                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutWorkspaceSecretRequest) Reset() {
+	*x = PutWorkspaceSecretRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutWorkspaceSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutWorkspaceSecretRequest) ProtoMessage() {}
+
+func (x *PutWorkspaceSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutWorkspaceSecretRequest.ProtoReflect.Descriptor instead.
+func (*PutWorkspaceSecretRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PutWorkspaceSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PutWorkspaceSecretRequest) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *PutWorkspaceSecretRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+type PutWorkspaceSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secret        *SecretMetadata        `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	Created       bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutWorkspaceSecretResponse) Reset() {
+	*x = PutWorkspaceSecretResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutWorkspaceSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutWorkspaceSecretResponse) ProtoMessage() {}
+
+func (x *PutWorkspaceSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutWorkspaceSecretResponse.ProtoReflect.Descriptor instead.
+func (*PutWorkspaceSecretResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PutWorkspaceSecretResponse) GetSecret() *SecretMetadata {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *PutWorkspaceSecretResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+type ListWorkspaceSecretsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Limit         int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	After         string                 `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkspaceSecretsRequest) Reset() {
+	*x = ListWorkspaceSecretsRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkspaceSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceSecretsRequest) ProtoMessage() {}
+
+func (x *ListWorkspaceSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListWorkspaceSecretsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListWorkspaceSecretsRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+type ListWorkspaceSecretsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secrets       []*SecretMetadata      `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	HasMore       bool                   `protobuf:"varint,2,opt,name=has_more,json=hasMore,proto3" json:"has_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkspaceSecretsResponse) Reset() {
+	*x = ListWorkspaceSecretsResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkspaceSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceSecretsResponse) ProtoMessage() {}
+
+func (x *ListWorkspaceSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListWorkspaceSecretsResponse) GetSecrets() []*SecretMetadata {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *ListWorkspaceSecretsResponse) GetHasMore() bool {
+	if x != nil {
+		return x.HasMore
+	}
+	return false
+}
+
+type DeleteWorkspaceSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteWorkspaceSecretRequest) Reset() {
+	*x = DeleteWorkspaceSecretRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteWorkspaceSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteWorkspaceSecretRequest) ProtoMessage() {}
+
+func (x *DeleteWorkspaceSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteWorkspaceSecretRequest.ProtoReflect.Descriptor instead.
+func (*DeleteWorkspaceSecretRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteWorkspaceSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteWorkspaceSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteWorkspaceSecretResponse) Reset() {
+	*x = DeleteWorkspaceSecretResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteWorkspaceSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteWorkspaceSecretResponse) ProtoMessage() {}
+
+func (x *DeleteWorkspaceSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteWorkspaceSecretResponse.ProtoReflect.Descriptor instead.
+func (*DeleteWorkspaceSecretResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{12}
+}
+
+// SecretRelease is one audited release decision. It never holds the value.
+type SecretRelease struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	InternId string                 `protobuf:"bytes,2,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	// The vault the secret was looked up in, when one was found.
+	VaultId *string `protobuf:"bytes,3,opt,name=vault_id,json=vaultId,proto3,oneof" json:"vault_id,omitempty"`
+	// "intern" or "workspace": which vault answered; empty when none did.
+	VaultScope string `protobuf:"bytes,4,opt,name=vault_scope,json=vaultScope,proto3" json:"vault_scope,omitempty"`
+	SecretName string `protobuf:"bytes,5,opt,name=secret_name,json=secretName,proto3" json:"secret_name,omitempty"`
+	// The normalized destination host (the raw input, escaped, when invalid).
+	Host string `protobuf:"bytes,6,opt,name=host,proto3" json:"host,omitempty"`
+	// The daemon's run that asked, when the release came from an intern's tool.
+	RunId *string `protobuf:"bytes,7,opt,name=run_id,json=runId,proto3,oneof" json:"run_id,omitempty"`
+	// "released" or "refused".
+	Outcome string `protobuf:"bytes,8,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// host_match, host_not_allowed, unbound, secret_not_found, …
+	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who asked: "daemon:<intern id>", "key:<id>" or "internal".
+	Actor         string                 `protobuf:"bytes,10,opt,name=actor,proto3" json:"actor,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretRelease) Reset() {
+	*x = SecretRelease{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretRelease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretRelease) ProtoMessage() {}
+
+func (x *SecretRelease) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretRelease.ProtoReflect.Descriptor instead.
+func (*SecretRelease) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SecretRelease) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetVaultId() string {
+	if x != nil && x.VaultId != nil {
+		return *x.VaultId
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetVaultScope() string {
+	if x != nil {
+		return x.VaultScope
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetSecretName() string {
+	if x != nil {
+		return x.SecretName
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetRunId() string {
+	if x != nil && x.RunId != nil {
+		return *x.RunId
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *SecretRelease) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type ListSecretReleasesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this intern's decisions, when set.
+	InternId string `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	// 1 to 1000; 0 means 100.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only decisions older than this id's (the last id of the previous page).
+	Before        string `protobuf:"bytes,3,opt,name=before,proto3" json:"before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretReleasesRequest) Reset() {
+	*x = ListSecretReleasesRequest{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretReleasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretReleasesRequest) ProtoMessage() {}
+
+func (x *ListSecretReleasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretReleasesRequest.ProtoReflect.Descriptor instead.
+func (*ListSecretReleasesRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListSecretReleasesRequest) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *ListSecretReleasesRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListSecretReleasesRequest) GetBefore() string {
+	if x != nil {
+		return x.Before
+	}
+	return ""
+}
+
+type ListSecretReleasesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Releases      []*SecretRelease       `protobuf:"bytes,1,rep,name=releases,proto3" json:"releases,omitempty"`
+	HasMore       bool                   `protobuf:"varint,2,opt,name=has_more,json=hasMore,proto3" json:"has_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretReleasesResponse) Reset() {
+	*x = ListSecretReleasesResponse{}
+	mi := &file_cohort_v1_vault_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretReleasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretReleasesResponse) ProtoMessage() {}
+
+func (x *ListSecretReleasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_vault_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretReleasesResponse.ProtoReflect.Descriptor instead.
+func (*ListSecretReleasesResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListSecretReleasesResponse) GetReleases() []*SecretRelease {
+	if x != nil {
+		return x.Releases
+	}
+	return nil
+}
+
+func (x *ListSecretReleasesResponse) GetHasMore() bool {
+	if x != nil {
+		return x.HasMore
+	}
+	return false
+}
+
 // KekRotation is what `cohort admin vault rotate-kek` reports.
 type KekRotation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -238,7 +985,7 @@ type KekRotation struct {
 
 func (x *KekRotation) Reset() {
 	*x = KekRotation{}
-	mi := &file_cohort_v1_vault_proto_msgTypes[3]
+	mi := &file_cohort_v1_vault_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +997,7 @@ func (x *KekRotation) String() string {
 func (*KekRotation) ProtoMessage() {}
 
 func (x *KekRotation) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_vault_proto_msgTypes[3]
+	mi := &file_cohort_v1_vault_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +1010,7 @@ func (x *KekRotation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KekRotation.ProtoReflect.Descriptor instead.
 func (*KekRotation) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{3}
+	return file_cohort_v1_vault_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KekRotation) GetPrimaryKeyId() uint32 {
@@ -299,12 +1046,71 @@ const file_cohort_v1_vault_proto_rawDesc = "" +
 	"\x05value\x18\x04 \x01(\tR\x05value\"f\n" +
 	"\x17PutInternSecretResponse\x121\n" +
 	"\x06secret\x18\x01 \x01(\v2\x19.cohort.v1.SecretMetadataR\x06secret\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"^\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"c\n" +
+	"\x18ListInternSecretsRequest\x12\x1b\n" +
+	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\tR\x05after\"k\n" +
+	"\x19ListInternSecretsResponse\x123\n" +
+	"\asecrets\x18\x01 \x03(\v2\x19.cohort.v1.SecretMetadataR\asecrets\x12\x19\n" +
+	"\bhas_more\x18\x02 \x01(\bR\ahasMore\"L\n" +
+	"\x19DeleteInternSecretRequest\x12\x1b\n" +
+	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x1c\n" +
+	"\x1aDeleteInternSecretResponse\"[\n" +
+	"\x19PutWorkspaceSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05hosts\x18\x02 \x03(\tR\x05hosts\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\"i\n" +
+	"\x1aPutWorkspaceSecretResponse\x121\n" +
+	"\x06secret\x18\x01 \x01(\v2\x19.cohort.v1.SecretMetadataR\x06secret\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"I\n" +
+	"\x1bListWorkspaceSecretsRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\"n\n" +
+	"\x1cListWorkspaceSecretsResponse\x123\n" +
+	"\asecrets\x18\x01 \x03(\v2\x19.cohort.v1.SecretMetadataR\asecrets\x12\x19\n" +
+	"\bhas_more\x18\x02 \x01(\bR\ahasMore\"2\n" +
+	"\x1cDeleteWorkspaceSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1f\n" +
+	"\x1dDeleteWorkspaceSecretResponse\"\xe9\x02\n" +
+	"\rSecretRelease\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tintern_id\x18\x02 \x01(\tR\binternId\x12\x1e\n" +
+	"\bvault_id\x18\x03 \x01(\tH\x00R\avaultId\x88\x01\x01\x12\x1f\n" +
+	"\vvault_scope\x18\x04 \x01(\tR\n" +
+	"vaultScope\x12\x1f\n" +
+	"\vsecret_name\x18\x05 \x01(\tR\n" +
+	"secretName\x12\x12\n" +
+	"\x04host\x18\x06 \x01(\tR\x04host\x12\x1a\n" +
+	"\x06run_id\x18\a \x01(\tH\x01R\x05runId\x88\x01\x01\x12\x18\n" +
+	"\aoutcome\x18\b \x01(\tR\aoutcome\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\n" +
+	" \x01(\tR\x05actor\x129\n" +
+	"\n" +
+	"created_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAtB\v\n" +
+	"\t_vault_idB\t\n" +
+	"\a_run_id\"f\n" +
+	"\x19ListSecretReleasesRequest\x12\x1b\n" +
+	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x16\n" +
+	"\x06before\x18\x03 \x01(\tR\x06before\"m\n" +
+	"\x1aListSecretReleasesResponse\x124\n" +
+	"\breleases\x18\x01 \x03(\v2\x18.cohort.v1.SecretReleaseR\breleases\x12\x19\n" +
+	"\bhas_more\x18\x02 \x01(\bR\ahasMore\"^\n" +
 	"\vKekRotation\x12$\n" +
 	"\x0eprimary_key_id\x18\x01 \x01(\rR\fprimaryKeyId\x12)\n" +
-	"\x10vaults_rewrapped\x18\x02 \x01(\x03R\x0fvaultsRewrapped2h\n" +
+	"\x10vaults_rewrapped\x18\x02 \x01(\x03R\x0fvaultsRewrapped2\xe3\x04\n" +
 	"\fVaultService\x12X\n" +
-	"\x0fPutInternSecret\x12!.cohort.v1.PutInternSecretRequest\x1a\".cohort.v1.PutInternSecretResponseB5Z3github.com/cohort-dev/cohort/gen/cohort/v1;cohortv1b\x06proto3"
+	"\x0fPutInternSecret\x12!.cohort.v1.PutInternSecretRequest\x1a\".cohort.v1.PutInternSecretResponse\x12^\n" +
+	"\x11ListInternSecrets\x12#.cohort.v1.ListInternSecretsRequest\x1a$.cohort.v1.ListInternSecretsResponse\x12a\n" +
+	"\x12DeleteInternSecret\x12$.cohort.v1.DeleteInternSecretRequest\x1a%.cohort.v1.DeleteInternSecretResponse\x12a\n" +
+	"\x12PutWorkspaceSecret\x12$.cohort.v1.PutWorkspaceSecretRequest\x1a%.cohort.v1.PutWorkspaceSecretResponse\x12g\n" +
+	"\x14ListWorkspaceSecrets\x12&.cohort.v1.ListWorkspaceSecretsRequest\x1a'.cohort.v1.ListWorkspaceSecretsResponse\x12j\n" +
+	"\x15DeleteWorkspaceSecret\x12'.cohort.v1.DeleteWorkspaceSecretRequest\x1a(.cohort.v1.DeleteWorkspaceSecretResponse2v\n" +
+	"\x11VaultAdminService\x12a\n" +
+	"\x12ListSecretReleases\x12$.cohort.v1.ListSecretReleasesRequest\x1a%.cohort.v1.ListSecretReleasesResponseB5Z3github.com/cohort-dev/cohort/gen/cohort/v1;cohortv1b\x06proto3"
 
 var (
 	file_cohort_v1_vault_proto_rawDescOnce sync.Once
@@ -318,24 +1124,54 @@ func file_cohort_v1_vault_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_vault_proto_rawDescData
 }
 
-var file_cohort_v1_vault_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_cohort_v1_vault_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_cohort_v1_vault_proto_goTypes = []any{
-	(*SecretMetadata)(nil),          // 0: cohort.v1.SecretMetadata
-	(*PutInternSecretRequest)(nil),  // 1: cohort.v1.PutInternSecretRequest
-	(*PutInternSecretResponse)(nil), // 2: cohort.v1.PutInternSecretResponse
-	(*KekRotation)(nil),             // 3: cohort.v1.KekRotation
-	(*timestamppb.Timestamp)(nil),   // 4: google.protobuf.Timestamp
+	(*SecretMetadata)(nil),                // 0: cohort.v1.SecretMetadata
+	(*PutInternSecretRequest)(nil),        // 1: cohort.v1.PutInternSecretRequest
+	(*PutInternSecretResponse)(nil),       // 2: cohort.v1.PutInternSecretResponse
+	(*ListInternSecretsRequest)(nil),      // 3: cohort.v1.ListInternSecretsRequest
+	(*ListInternSecretsResponse)(nil),     // 4: cohort.v1.ListInternSecretsResponse
+	(*DeleteInternSecretRequest)(nil),     // 5: cohort.v1.DeleteInternSecretRequest
+	(*DeleteInternSecretResponse)(nil),    // 6: cohort.v1.DeleteInternSecretResponse
+	(*PutWorkspaceSecretRequest)(nil),     // 7: cohort.v1.PutWorkspaceSecretRequest
+	(*PutWorkspaceSecretResponse)(nil),    // 8: cohort.v1.PutWorkspaceSecretResponse
+	(*ListWorkspaceSecretsRequest)(nil),   // 9: cohort.v1.ListWorkspaceSecretsRequest
+	(*ListWorkspaceSecretsResponse)(nil),  // 10: cohort.v1.ListWorkspaceSecretsResponse
+	(*DeleteWorkspaceSecretRequest)(nil),  // 11: cohort.v1.DeleteWorkspaceSecretRequest
+	(*DeleteWorkspaceSecretResponse)(nil), // 12: cohort.v1.DeleteWorkspaceSecretResponse
+	(*SecretRelease)(nil),                 // 13: cohort.v1.SecretRelease
+	(*ListSecretReleasesRequest)(nil),     // 14: cohort.v1.ListSecretReleasesRequest
+	(*ListSecretReleasesResponse)(nil),    // 15: cohort.v1.ListSecretReleasesResponse
+	(*KekRotation)(nil),                   // 16: cohort.v1.KekRotation
+	(*timestamppb.Timestamp)(nil),         // 17: google.protobuf.Timestamp
 }
 var file_cohort_v1_vault_proto_depIdxs = []int32{
-	4, // 0: cohort.v1.SecretMetadata.created_at:type_name -> google.protobuf.Timestamp
-	0, // 1: cohort.v1.PutInternSecretResponse.secret:type_name -> cohort.v1.SecretMetadata
-	1, // 2: cohort.v1.VaultService.PutInternSecret:input_type -> cohort.v1.PutInternSecretRequest
-	2, // 3: cohort.v1.VaultService.PutInternSecret:output_type -> cohort.v1.PutInternSecretResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	17, // 0: cohort.v1.SecretMetadata.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 1: cohort.v1.PutInternSecretResponse.secret:type_name -> cohort.v1.SecretMetadata
+	0,  // 2: cohort.v1.ListInternSecretsResponse.secrets:type_name -> cohort.v1.SecretMetadata
+	0,  // 3: cohort.v1.PutWorkspaceSecretResponse.secret:type_name -> cohort.v1.SecretMetadata
+	0,  // 4: cohort.v1.ListWorkspaceSecretsResponse.secrets:type_name -> cohort.v1.SecretMetadata
+	17, // 5: cohort.v1.SecretRelease.created_at:type_name -> google.protobuf.Timestamp
+	13, // 6: cohort.v1.ListSecretReleasesResponse.releases:type_name -> cohort.v1.SecretRelease
+	1,  // 7: cohort.v1.VaultService.PutInternSecret:input_type -> cohort.v1.PutInternSecretRequest
+	3,  // 8: cohort.v1.VaultService.ListInternSecrets:input_type -> cohort.v1.ListInternSecretsRequest
+	5,  // 9: cohort.v1.VaultService.DeleteInternSecret:input_type -> cohort.v1.DeleteInternSecretRequest
+	7,  // 10: cohort.v1.VaultService.PutWorkspaceSecret:input_type -> cohort.v1.PutWorkspaceSecretRequest
+	9,  // 11: cohort.v1.VaultService.ListWorkspaceSecrets:input_type -> cohort.v1.ListWorkspaceSecretsRequest
+	11, // 12: cohort.v1.VaultService.DeleteWorkspaceSecret:input_type -> cohort.v1.DeleteWorkspaceSecretRequest
+	14, // 13: cohort.v1.VaultAdminService.ListSecretReleases:input_type -> cohort.v1.ListSecretReleasesRequest
+	2,  // 14: cohort.v1.VaultService.PutInternSecret:output_type -> cohort.v1.PutInternSecretResponse
+	4,  // 15: cohort.v1.VaultService.ListInternSecrets:output_type -> cohort.v1.ListInternSecretsResponse
+	6,  // 16: cohort.v1.VaultService.DeleteInternSecret:output_type -> cohort.v1.DeleteInternSecretResponse
+	8,  // 17: cohort.v1.VaultService.PutWorkspaceSecret:output_type -> cohort.v1.PutWorkspaceSecretResponse
+	10, // 18: cohort.v1.VaultService.ListWorkspaceSecrets:output_type -> cohort.v1.ListWorkspaceSecretsResponse
+	12, // 19: cohort.v1.VaultService.DeleteWorkspaceSecret:output_type -> cohort.v1.DeleteWorkspaceSecretResponse
+	15, // 20: cohort.v1.VaultAdminService.ListSecretReleases:output_type -> cohort.v1.ListSecretReleasesResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cohort_v1_vault_proto_init() }
@@ -344,15 +1180,16 @@ func file_cohort_v1_vault_proto_init() {
 		return
 	}
 	file_cohort_v1_vault_proto_msgTypes[0].OneofWrappers = []any{}
+	file_cohort_v1_vault_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_vault_proto_rawDesc), len(file_cohort_v1_vault_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   17,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_cohort_v1_vault_proto_goTypes,
 		DependencyIndexes: file_cohort_v1_vault_proto_depIdxs,

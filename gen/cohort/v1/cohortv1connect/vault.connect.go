@@ -23,6 +23,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// VaultServiceName is the fully-qualified name of the VaultService service.
 	VaultServiceName = "cohort.v1.VaultService"
+	// VaultAdminServiceName is the fully-qualified name of the VaultAdminService service.
+	VaultAdminServiceName = "cohort.v1.VaultAdminService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -36,6 +38,24 @@ const (
 	// VaultServicePutInternSecretProcedure is the fully-qualified name of the VaultService's
 	// PutInternSecret RPC.
 	VaultServicePutInternSecretProcedure = "/cohort.v1.VaultService/PutInternSecret"
+	// VaultServiceListInternSecretsProcedure is the fully-qualified name of the VaultService's
+	// ListInternSecrets RPC.
+	VaultServiceListInternSecretsProcedure = "/cohort.v1.VaultService/ListInternSecrets"
+	// VaultServiceDeleteInternSecretProcedure is the fully-qualified name of the VaultService's
+	// DeleteInternSecret RPC.
+	VaultServiceDeleteInternSecretProcedure = "/cohort.v1.VaultService/DeleteInternSecret"
+	// VaultServicePutWorkspaceSecretProcedure is the fully-qualified name of the VaultService's
+	// PutWorkspaceSecret RPC.
+	VaultServicePutWorkspaceSecretProcedure = "/cohort.v1.VaultService/PutWorkspaceSecret"
+	// VaultServiceListWorkspaceSecretsProcedure is the fully-qualified name of the VaultService's
+	// ListWorkspaceSecrets RPC.
+	VaultServiceListWorkspaceSecretsProcedure = "/cohort.v1.VaultService/ListWorkspaceSecrets"
+	// VaultServiceDeleteWorkspaceSecretProcedure is the fully-qualified name of the VaultService's
+	// DeleteWorkspaceSecret RPC.
+	VaultServiceDeleteWorkspaceSecretProcedure = "/cohort.v1.VaultService/DeleteWorkspaceSecret"
+	// VaultAdminServiceListSecretReleasesProcedure is the fully-qualified name of the
+	// VaultAdminService's ListSecretReleases RPC.
+	VaultAdminServiceListSecretReleasesProcedure = "/cohort.v1.VaultAdminService/ListSecretReleases"
 )
 
 // VaultServiceClient is a client for the cohort.v1.VaultService service.
@@ -43,6 +63,17 @@ type VaultServiceClient interface {
 	// PutInternSecret creates or replaces the secret `name` in the vault of
 	// the intern `intern_id`.
 	PutInternSecret(context.Context, *connect.Request[v1.PutInternSecretRequest]) (*connect.Response[v1.PutInternSecretResponse], error)
+	// ListInternSecrets lists the metadata of the intern's secrets, by name.
+	ListInternSecrets(context.Context, *connect.Request[v1.ListInternSecretsRequest]) (*connect.Response[v1.ListInternSecretsResponse], error)
+	// DeleteInternSecret deletes one of the intern's secrets (404 when absent).
+	DeleteInternSecret(context.Context, *connect.Request[v1.DeleteInternSecretRequest]) (*connect.Response[v1.DeleteInternSecretResponse], error)
+	// PutWorkspaceSecret creates or replaces a secret in the vault of the
+	// workspace the API key selects. Each workspace has its own vault and keys.
+	PutWorkspaceSecret(context.Context, *connect.Request[v1.PutWorkspaceSecretRequest]) (*connect.Response[v1.PutWorkspaceSecretResponse], error)
+	// ListWorkspaceSecrets lists the metadata of the workspace's secrets.
+	ListWorkspaceSecrets(context.Context, *connect.Request[v1.ListWorkspaceSecretsRequest]) (*connect.Response[v1.ListWorkspaceSecretsResponse], error)
+	// DeleteWorkspaceSecret deletes one of the workspace's secrets.
+	DeleteWorkspaceSecret(context.Context, *connect.Request[v1.DeleteWorkspaceSecretRequest]) (*connect.Response[v1.DeleteWorkspaceSecretResponse], error)
 }
 
 // NewVaultServiceClient constructs a client for the cohort.v1.VaultService service. By default, it
@@ -62,12 +93,47 @@ func NewVaultServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(vaultServiceMethods.ByName("PutInternSecret")),
 			connect.WithClientOptions(opts...),
 		),
+		listInternSecrets: connect.NewClient[v1.ListInternSecretsRequest, v1.ListInternSecretsResponse](
+			httpClient,
+			baseURL+VaultServiceListInternSecretsProcedure,
+			connect.WithSchema(vaultServiceMethods.ByName("ListInternSecrets")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteInternSecret: connect.NewClient[v1.DeleteInternSecretRequest, v1.DeleteInternSecretResponse](
+			httpClient,
+			baseURL+VaultServiceDeleteInternSecretProcedure,
+			connect.WithSchema(vaultServiceMethods.ByName("DeleteInternSecret")),
+			connect.WithClientOptions(opts...),
+		),
+		putWorkspaceSecret: connect.NewClient[v1.PutWorkspaceSecretRequest, v1.PutWorkspaceSecretResponse](
+			httpClient,
+			baseURL+VaultServicePutWorkspaceSecretProcedure,
+			connect.WithSchema(vaultServiceMethods.ByName("PutWorkspaceSecret")),
+			connect.WithClientOptions(opts...),
+		),
+		listWorkspaceSecrets: connect.NewClient[v1.ListWorkspaceSecretsRequest, v1.ListWorkspaceSecretsResponse](
+			httpClient,
+			baseURL+VaultServiceListWorkspaceSecretsProcedure,
+			connect.WithSchema(vaultServiceMethods.ByName("ListWorkspaceSecrets")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteWorkspaceSecret: connect.NewClient[v1.DeleteWorkspaceSecretRequest, v1.DeleteWorkspaceSecretResponse](
+			httpClient,
+			baseURL+VaultServiceDeleteWorkspaceSecretProcedure,
+			connect.WithSchema(vaultServiceMethods.ByName("DeleteWorkspaceSecret")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // vaultServiceClient implements VaultServiceClient.
 type vaultServiceClient struct {
-	putInternSecret *connect.Client[v1.PutInternSecretRequest, v1.PutInternSecretResponse]
+	putInternSecret       *connect.Client[v1.PutInternSecretRequest, v1.PutInternSecretResponse]
+	listInternSecrets     *connect.Client[v1.ListInternSecretsRequest, v1.ListInternSecretsResponse]
+	deleteInternSecret    *connect.Client[v1.DeleteInternSecretRequest, v1.DeleteInternSecretResponse]
+	putWorkspaceSecret    *connect.Client[v1.PutWorkspaceSecretRequest, v1.PutWorkspaceSecretResponse]
+	listWorkspaceSecrets  *connect.Client[v1.ListWorkspaceSecretsRequest, v1.ListWorkspaceSecretsResponse]
+	deleteWorkspaceSecret *connect.Client[v1.DeleteWorkspaceSecretRequest, v1.DeleteWorkspaceSecretResponse]
 }
 
 // PutInternSecret calls cohort.v1.VaultService.PutInternSecret.
@@ -75,11 +141,47 @@ func (c *vaultServiceClient) PutInternSecret(ctx context.Context, req *connect.R
 	return c.putInternSecret.CallUnary(ctx, req)
 }
 
+// ListInternSecrets calls cohort.v1.VaultService.ListInternSecrets.
+func (c *vaultServiceClient) ListInternSecrets(ctx context.Context, req *connect.Request[v1.ListInternSecretsRequest]) (*connect.Response[v1.ListInternSecretsResponse], error) {
+	return c.listInternSecrets.CallUnary(ctx, req)
+}
+
+// DeleteInternSecret calls cohort.v1.VaultService.DeleteInternSecret.
+func (c *vaultServiceClient) DeleteInternSecret(ctx context.Context, req *connect.Request[v1.DeleteInternSecretRequest]) (*connect.Response[v1.DeleteInternSecretResponse], error) {
+	return c.deleteInternSecret.CallUnary(ctx, req)
+}
+
+// PutWorkspaceSecret calls cohort.v1.VaultService.PutWorkspaceSecret.
+func (c *vaultServiceClient) PutWorkspaceSecret(ctx context.Context, req *connect.Request[v1.PutWorkspaceSecretRequest]) (*connect.Response[v1.PutWorkspaceSecretResponse], error) {
+	return c.putWorkspaceSecret.CallUnary(ctx, req)
+}
+
+// ListWorkspaceSecrets calls cohort.v1.VaultService.ListWorkspaceSecrets.
+func (c *vaultServiceClient) ListWorkspaceSecrets(ctx context.Context, req *connect.Request[v1.ListWorkspaceSecretsRequest]) (*connect.Response[v1.ListWorkspaceSecretsResponse], error) {
+	return c.listWorkspaceSecrets.CallUnary(ctx, req)
+}
+
+// DeleteWorkspaceSecret calls cohort.v1.VaultService.DeleteWorkspaceSecret.
+func (c *vaultServiceClient) DeleteWorkspaceSecret(ctx context.Context, req *connect.Request[v1.DeleteWorkspaceSecretRequest]) (*connect.Response[v1.DeleteWorkspaceSecretResponse], error) {
+	return c.deleteWorkspaceSecret.CallUnary(ctx, req)
+}
+
 // VaultServiceHandler is an implementation of the cohort.v1.VaultService service.
 type VaultServiceHandler interface {
 	// PutInternSecret creates or replaces the secret `name` in the vault of
 	// the intern `intern_id`.
 	PutInternSecret(context.Context, *connect.Request[v1.PutInternSecretRequest]) (*connect.Response[v1.PutInternSecretResponse], error)
+	// ListInternSecrets lists the metadata of the intern's secrets, by name.
+	ListInternSecrets(context.Context, *connect.Request[v1.ListInternSecretsRequest]) (*connect.Response[v1.ListInternSecretsResponse], error)
+	// DeleteInternSecret deletes one of the intern's secrets (404 when absent).
+	DeleteInternSecret(context.Context, *connect.Request[v1.DeleteInternSecretRequest]) (*connect.Response[v1.DeleteInternSecretResponse], error)
+	// PutWorkspaceSecret creates or replaces a secret in the vault of the
+	// workspace the API key selects. Each workspace has its own vault and keys.
+	PutWorkspaceSecret(context.Context, *connect.Request[v1.PutWorkspaceSecretRequest]) (*connect.Response[v1.PutWorkspaceSecretResponse], error)
+	// ListWorkspaceSecrets lists the metadata of the workspace's secrets.
+	ListWorkspaceSecrets(context.Context, *connect.Request[v1.ListWorkspaceSecretsRequest]) (*connect.Response[v1.ListWorkspaceSecretsResponse], error)
+	// DeleteWorkspaceSecret deletes one of the workspace's secrets.
+	DeleteWorkspaceSecret(context.Context, *connect.Request[v1.DeleteWorkspaceSecretRequest]) (*connect.Response[v1.DeleteWorkspaceSecretResponse], error)
 }
 
 // NewVaultServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -95,10 +197,50 @@ func NewVaultServiceHandler(svc VaultServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(vaultServiceMethods.ByName("PutInternSecret")),
 		connect.WithHandlerOptions(opts...),
 	)
+	vaultServiceListInternSecretsHandler := connect.NewUnaryHandler(
+		VaultServiceListInternSecretsProcedure,
+		svc.ListInternSecrets,
+		connect.WithSchema(vaultServiceMethods.ByName("ListInternSecrets")),
+		connect.WithHandlerOptions(opts...),
+	)
+	vaultServiceDeleteInternSecretHandler := connect.NewUnaryHandler(
+		VaultServiceDeleteInternSecretProcedure,
+		svc.DeleteInternSecret,
+		connect.WithSchema(vaultServiceMethods.ByName("DeleteInternSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
+	vaultServicePutWorkspaceSecretHandler := connect.NewUnaryHandler(
+		VaultServicePutWorkspaceSecretProcedure,
+		svc.PutWorkspaceSecret,
+		connect.WithSchema(vaultServiceMethods.ByName("PutWorkspaceSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
+	vaultServiceListWorkspaceSecretsHandler := connect.NewUnaryHandler(
+		VaultServiceListWorkspaceSecretsProcedure,
+		svc.ListWorkspaceSecrets,
+		connect.WithSchema(vaultServiceMethods.ByName("ListWorkspaceSecrets")),
+		connect.WithHandlerOptions(opts...),
+	)
+	vaultServiceDeleteWorkspaceSecretHandler := connect.NewUnaryHandler(
+		VaultServiceDeleteWorkspaceSecretProcedure,
+		svc.DeleteWorkspaceSecret,
+		connect.WithSchema(vaultServiceMethods.ByName("DeleteWorkspaceSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cohort.v1.VaultService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case VaultServicePutInternSecretProcedure:
 			vaultServicePutInternSecretHandler.ServeHTTP(w, r)
+		case VaultServiceListInternSecretsProcedure:
+			vaultServiceListInternSecretsHandler.ServeHTTP(w, r)
+		case VaultServiceDeleteInternSecretProcedure:
+			vaultServiceDeleteInternSecretHandler.ServeHTTP(w, r)
+		case VaultServicePutWorkspaceSecretProcedure:
+			vaultServicePutWorkspaceSecretHandler.ServeHTTP(w, r)
+		case VaultServiceListWorkspaceSecretsProcedure:
+			vaultServiceListWorkspaceSecretsHandler.ServeHTTP(w, r)
+		case VaultServiceDeleteWorkspaceSecretProcedure:
+			vaultServiceDeleteWorkspaceSecretHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -110,4 +252,96 @@ type UnimplementedVaultServiceHandler struct{}
 
 func (UnimplementedVaultServiceHandler) PutInternSecret(context.Context, *connect.Request[v1.PutInternSecretRequest]) (*connect.Response[v1.PutInternSecretResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.PutInternSecret is not implemented"))
+}
+
+func (UnimplementedVaultServiceHandler) ListInternSecrets(context.Context, *connect.Request[v1.ListInternSecretsRequest]) (*connect.Response[v1.ListInternSecretsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.ListInternSecrets is not implemented"))
+}
+
+func (UnimplementedVaultServiceHandler) DeleteInternSecret(context.Context, *connect.Request[v1.DeleteInternSecretRequest]) (*connect.Response[v1.DeleteInternSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.DeleteInternSecret is not implemented"))
+}
+
+func (UnimplementedVaultServiceHandler) PutWorkspaceSecret(context.Context, *connect.Request[v1.PutWorkspaceSecretRequest]) (*connect.Response[v1.PutWorkspaceSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.PutWorkspaceSecret is not implemented"))
+}
+
+func (UnimplementedVaultServiceHandler) ListWorkspaceSecrets(context.Context, *connect.Request[v1.ListWorkspaceSecretsRequest]) (*connect.Response[v1.ListWorkspaceSecretsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.ListWorkspaceSecrets is not implemented"))
+}
+
+func (UnimplementedVaultServiceHandler) DeleteWorkspaceSecret(context.Context, *connect.Request[v1.DeleteWorkspaceSecretRequest]) (*connect.Response[v1.DeleteWorkspaceSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultService.DeleteWorkspaceSecret is not implemented"))
+}
+
+// VaultAdminServiceClient is a client for the cohort.v1.VaultAdminService service.
+type VaultAdminServiceClient interface {
+	// ListSecretReleases lists release decisions, newest first.
+	ListSecretReleases(context.Context, *connect.Request[v1.ListSecretReleasesRequest]) (*connect.Response[v1.ListSecretReleasesResponse], error)
+}
+
+// NewVaultAdminServiceClient constructs a client for the cohort.v1.VaultAdminService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewVaultAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) VaultAdminServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	vaultAdminServiceMethods := v1.File_cohort_v1_vault_proto.Services().ByName("VaultAdminService").Methods()
+	return &vaultAdminServiceClient{
+		listSecretReleases: connect.NewClient[v1.ListSecretReleasesRequest, v1.ListSecretReleasesResponse](
+			httpClient,
+			baseURL+VaultAdminServiceListSecretReleasesProcedure,
+			connect.WithSchema(vaultAdminServiceMethods.ByName("ListSecretReleases")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// vaultAdminServiceClient implements VaultAdminServiceClient.
+type vaultAdminServiceClient struct {
+	listSecretReleases *connect.Client[v1.ListSecretReleasesRequest, v1.ListSecretReleasesResponse]
+}
+
+// ListSecretReleases calls cohort.v1.VaultAdminService.ListSecretReleases.
+func (c *vaultAdminServiceClient) ListSecretReleases(ctx context.Context, req *connect.Request[v1.ListSecretReleasesRequest]) (*connect.Response[v1.ListSecretReleasesResponse], error) {
+	return c.listSecretReleases.CallUnary(ctx, req)
+}
+
+// VaultAdminServiceHandler is an implementation of the cohort.v1.VaultAdminService service.
+type VaultAdminServiceHandler interface {
+	// ListSecretReleases lists release decisions, newest first.
+	ListSecretReleases(context.Context, *connect.Request[v1.ListSecretReleasesRequest]) (*connect.Response[v1.ListSecretReleasesResponse], error)
+}
+
+// NewVaultAdminServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewVaultAdminServiceHandler(svc VaultAdminServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	vaultAdminServiceMethods := v1.File_cohort_v1_vault_proto.Services().ByName("VaultAdminService").Methods()
+	vaultAdminServiceListSecretReleasesHandler := connect.NewUnaryHandler(
+		VaultAdminServiceListSecretReleasesProcedure,
+		svc.ListSecretReleases,
+		connect.WithSchema(vaultAdminServiceMethods.ByName("ListSecretReleases")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/cohort.v1.VaultAdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case VaultAdminServiceListSecretReleasesProcedure:
+			vaultAdminServiceListSecretReleasesHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedVaultAdminServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedVaultAdminServiceHandler struct{}
+
+func (UnimplementedVaultAdminServiceHandler) ListSecretReleases(context.Context, *connect.Request[v1.ListSecretReleasesRequest]) (*connect.Response[v1.ListSecretReleasesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.VaultAdminService.ListSecretReleases is not implemented"))
 }

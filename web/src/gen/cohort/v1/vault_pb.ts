@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cohort/v1/vault.proto.
  */
 export const file_cohort_v1_vault: GenFile = /*@__PURE__*/
-  fileDesc("ChVjb2hvcnQvdjEvdmF1bHQucHJvdG8SCWNvaG9ydC52MSKHAQoOU2VjcmV0TWV0YWRhdGESDAoEbmFtZRgBIAEoCRINCgVob3N0cxgCIAMoCRIYCgtmaW5nZXJwcmludBgDIAEoCUgAiAEBEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQg4KDF9maW5nZXJwcmludCJXChZQdXRJbnRlcm5TZWNyZXRSZXF1ZXN0EhEKCWludGVybl9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBWhvc3RzGAMgAygJEg0KBXZhbHVlGAQgASgJIlUKF1B1dEludGVyblNlY3JldFJlc3BvbnNlEikKBnNlY3JldBgBIAEoCzIZLmNvaG9ydC52MS5TZWNyZXRNZXRhZGF0YRIPCgdjcmVhdGVkGAIgASgIIj8KC0tla1JvdGF0aW9uEhYKDnByaW1hcnlfa2V5X2lkGAEgASgNEhgKEHZhdWx0c19yZXdyYXBwZWQYAiABKAMyaAoMVmF1bHRTZXJ2aWNlElgKD1B1dEludGVyblNlY3JldBIhLmNvaG9ydC52MS5QdXRJbnRlcm5TZWNyZXRSZXF1ZXN0GiIuY29ob3J0LnYxLlB1dEludGVyblNlY3JldFJlc3BvbnNlQjVaM2dpdGh1Yi5jb20vY29ob3J0LWRldi9jb2hvcnQvZ2VuL2NvaG9ydC92MTtjb2hvcnR2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChVjb2hvcnQvdjEvdmF1bHQucHJvdG8SCWNvaG9ydC52MSKHAQoOU2VjcmV0TWV0YWRhdGESDAoEbmFtZRgBIAEoCRINCgVob3N0cxgCIAMoCRIYCgtmaW5nZXJwcmludBgDIAEoCUgAiAEBEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQg4KDF9maW5nZXJwcmludCJXChZQdXRJbnRlcm5TZWNyZXRSZXF1ZXN0EhEKCWludGVybl9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBWhvc3RzGAMgAygJEg0KBXZhbHVlGAQgASgJIlUKF1B1dEludGVyblNlY3JldFJlc3BvbnNlEikKBnNlY3JldBgBIAEoCzIZLmNvaG9ydC52MS5TZWNyZXRNZXRhZGF0YRIPCgdjcmVhdGVkGAIgASgIIksKGExpc3RJbnRlcm5TZWNyZXRzUmVxdWVzdBIRCglpbnRlcm5faWQYASABKAkSDQoFbGltaXQYAiABKAUSDQoFYWZ0ZXIYAyABKAkiWQoZTGlzdEludGVyblNlY3JldHNSZXNwb25zZRIqCgdzZWNyZXRzGAEgAygLMhkuY29ob3J0LnYxLlNlY3JldE1ldGFkYXRhEhAKCGhhc19tb3JlGAIgASgIIjwKGURlbGV0ZUludGVyblNlY3JldFJlcXVlc3QSEQoJaW50ZXJuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiHAoaRGVsZXRlSW50ZXJuU2VjcmV0UmVzcG9uc2UiRwoZUHV0V29ya3NwYWNlU2VjcmV0UmVxdWVzdBIMCgRuYW1lGAEgASgJEg0KBWhvc3RzGAIgAygJEg0KBXZhbHVlGAMgASgJIlgKGlB1dFdvcmtzcGFjZVNlY3JldFJlc3BvbnNlEikKBnNlY3JldBgBIAEoCzIZLmNvaG9ydC52MS5TZWNyZXRNZXRhZGF0YRIPCgdjcmVhdGVkGAIgASgIIjsKG0xpc3RXb3Jrc3BhY2VTZWNyZXRzUmVxdWVzdBINCgVsaW1pdBgBIAEoBRINCgVhZnRlchgCIAEoCSJcChxMaXN0V29ya3NwYWNlU2VjcmV0c1Jlc3BvbnNlEioKB3NlY3JldHMYASADKAsyGS5jb2hvcnQudjEuU2VjcmV0TWV0YWRhdGESEAoIaGFzX21vcmUYAiABKAgiLAocRGVsZXRlV29ya3NwYWNlU2VjcmV0UmVxdWVzdBIMCgRuYW1lGAEgASgJIh8KHURlbGV0ZVdvcmtzcGFjZVNlY3JldFJlc3BvbnNlIooCCg1TZWNyZXRSZWxlYXNlEgoKAmlkGAEgASgJEhEKCWludGVybl9pZBgCIAEoCRIVCgh2YXVsdF9pZBgDIAEoCUgAiAEBEhMKC3ZhdWx0X3Njb3BlGAQgASgJEhMKC3NlY3JldF9uYW1lGAUgASgJEgwKBGhvc3QYBiABKAkSEwoGcnVuX2lkGAcgASgJSAGIAQESDwoHb3V0Y29tZRgIIAEoCRIOCgZyZWFzb24YCSABKAkSDQoFYWN0b3IYCiABKAkSLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCCwoJX3ZhdWx0X2lkQgkKB19ydW5faWQiTQoZTGlzdFNlY3JldFJlbGVhc2VzUmVxdWVzdBIRCglpbnRlcm5faWQYASABKAkSDQoFbGltaXQYAiABKAUSDgoGYmVmb3JlGAMgASgJIloKGkxpc3RTZWNyZXRSZWxlYXNlc1Jlc3BvbnNlEioKCHJlbGVhc2VzGAEgAygLMhguY29ob3J0LnYxLlNlY3JldFJlbGVhc2USEAoIaGFzX21vcmUYAiABKAgiPwoLS2VrUm90YXRpb24SFgoOcHJpbWFyeV9rZXlfaWQYASABKA0SGAoQdmF1bHRzX3Jld3JhcHBlZBgCIAEoAzLjBAoMVmF1bHRTZXJ2aWNlElgKD1B1dEludGVyblNlY3JldBIhLmNvaG9ydC52MS5QdXRJbnRlcm5TZWNyZXRSZXF1ZXN0GiIuY29ob3J0LnYxLlB1dEludGVyblNlY3JldFJlc3BvbnNlEl4KEUxpc3RJbnRlcm5TZWNyZXRzEiMuY29ob3J0LnYxLkxpc3RJbnRlcm5TZWNyZXRzUmVxdWVzdBokLmNvaG9ydC52MS5MaXN0SW50ZXJuU2VjcmV0c1Jlc3BvbnNlEmEKEkRlbGV0ZUludGVyblNlY3JldBIkLmNvaG9ydC52MS5EZWxldGVJbnRlcm5TZWNyZXRSZXF1ZXN0GiUuY29ob3J0LnYxLkRlbGV0ZUludGVyblNlY3JldFJlc3BvbnNlEmEKElB1dFdvcmtzcGFjZVNlY3JldBIkLmNvaG9ydC52MS5QdXRXb3Jrc3BhY2VTZWNyZXRSZXF1ZXN0GiUuY29ob3J0LnYxLlB1dFdvcmtzcGFjZVNlY3JldFJlc3BvbnNlEmcKFExpc3RXb3Jrc3BhY2VTZWNyZXRzEiYuY29ob3J0LnYxLkxpc3RXb3Jrc3BhY2VTZWNyZXRzUmVxdWVzdBonLmNvaG9ydC52MS5MaXN0V29ya3NwYWNlU2VjcmV0c1Jlc3BvbnNlEmoKFURlbGV0ZVdvcmtzcGFjZVNlY3JldBInLmNvaG9ydC52MS5EZWxldGVXb3Jrc3BhY2VTZWNyZXRSZXF1ZXN0GiguY29ob3J0LnYxLkRlbGV0ZVdvcmtzcGFjZVNlY3JldFJlc3BvbnNlMnYKEVZhdWx0QWRtaW5TZXJ2aWNlEmEKEkxpc3RTZWNyZXRSZWxlYXNlcxIkLmNvaG9ydC52MS5MaXN0U2VjcmV0UmVsZWFzZXNSZXF1ZXN0GiUuY29ob3J0LnYxLkxpc3RTZWNyZXRSZWxlYXNlc1Jlc3BvbnNlQjVaM2dpdGh1Yi5jb20vY29ob3J0LWRldi9jb2hvcnQvZ2VuL2NvaG9ydC92MTtjb2hvcnR2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * SecretMetadata is the spec's vault secret metadata. It never carries the
@@ -125,6 +125,358 @@ export const PutInternSecretResponseSchema: GenMessage<PutInternSecretResponse> 
   messageDesc(file_cohort_v1_vault, 2);
 
 /**
+ * @generated from message cohort.v1.ListInternSecretsRequest
+ */
+export type ListInternSecretsRequest = Message<"cohort.v1.ListInternSecretsRequest"> & {
+  /**
+   * @generated from field: string intern_id = 1;
+   */
+  internId: string;
+
+  /**
+   * At most this many secrets (1 to 1000; 0 means 100).
+   *
+   * @generated from field: int32 limit = 2;
+   */
+  limit: number;
+
+  /**
+   * Only secrets whose name sorts after this one (the last name of the
+   * previous page).
+   *
+   * @generated from field: string after = 3;
+   */
+  after: string;
+};
+
+/**
+ * Describes the message cohort.v1.ListInternSecretsRequest.
+ * Use `create(ListInternSecretsRequestSchema)` to create a new message.
+ */
+export const ListInternSecretsRequestSchema: GenMessage<ListInternSecretsRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 3);
+
+/**
+ * @generated from message cohort.v1.ListInternSecretsResponse
+ */
+export type ListInternSecretsResponse = Message<"cohort.v1.ListInternSecretsResponse"> & {
+  /**
+   * @generated from field: repeated cohort.v1.SecretMetadata secrets = 1;
+   */
+  secrets: SecretMetadata[];
+
+  /**
+   * True when more secrets follow the last one returned.
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message cohort.v1.ListInternSecretsResponse.
+ * Use `create(ListInternSecretsResponseSchema)` to create a new message.
+ */
+export const ListInternSecretsResponseSchema: GenMessage<ListInternSecretsResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 4);
+
+/**
+ * @generated from message cohort.v1.DeleteInternSecretRequest
+ */
+export type DeleteInternSecretRequest = Message<"cohort.v1.DeleteInternSecretRequest"> & {
+  /**
+   * @generated from field: string intern_id = 1;
+   */
+  internId: string;
+
+  /**
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message cohort.v1.DeleteInternSecretRequest.
+ * Use `create(DeleteInternSecretRequestSchema)` to create a new message.
+ */
+export const DeleteInternSecretRequestSchema: GenMessage<DeleteInternSecretRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 5);
+
+/**
+ * @generated from message cohort.v1.DeleteInternSecretResponse
+ */
+export type DeleteInternSecretResponse = Message<"cohort.v1.DeleteInternSecretResponse"> & {
+};
+
+/**
+ * Describes the message cohort.v1.DeleteInternSecretResponse.
+ * Use `create(DeleteInternSecretResponseSchema)` to create a new message.
+ */
+export const DeleteInternSecretResponseSchema: GenMessage<DeleteInternSecretResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 6);
+
+/**
+ * @generated from message cohort.v1.PutWorkspaceSecretRequest
+ */
+export type PutWorkspaceSecretRequest = Message<"cohort.v1.PutWorkspaceSecretRequest"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: repeated string hosts = 2;
+   */
+  hosts: string[];
+
+  /**
+   * @generated from field: string value = 3;
+   */
+  value: string;
+};
+
+/**
+ * Describes the message cohort.v1.PutWorkspaceSecretRequest.
+ * Use `create(PutWorkspaceSecretRequestSchema)` to create a new message.
+ */
+export const PutWorkspaceSecretRequestSchema: GenMessage<PutWorkspaceSecretRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 7);
+
+/**
+ * @generated from message cohort.v1.PutWorkspaceSecretResponse
+ */
+export type PutWorkspaceSecretResponse = Message<"cohort.v1.PutWorkspaceSecretResponse"> & {
+  /**
+   * @generated from field: cohort.v1.SecretMetadata secret = 1;
+   */
+  secret?: SecretMetadata | undefined;
+
+  /**
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message cohort.v1.PutWorkspaceSecretResponse.
+ * Use `create(PutWorkspaceSecretResponseSchema)` to create a new message.
+ */
+export const PutWorkspaceSecretResponseSchema: GenMessage<PutWorkspaceSecretResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 8);
+
+/**
+ * @generated from message cohort.v1.ListWorkspaceSecretsRequest
+ */
+export type ListWorkspaceSecretsRequest = Message<"cohort.v1.ListWorkspaceSecretsRequest"> & {
+  /**
+   * @generated from field: int32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * @generated from field: string after = 2;
+   */
+  after: string;
+};
+
+/**
+ * Describes the message cohort.v1.ListWorkspaceSecretsRequest.
+ * Use `create(ListWorkspaceSecretsRequestSchema)` to create a new message.
+ */
+export const ListWorkspaceSecretsRequestSchema: GenMessage<ListWorkspaceSecretsRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 9);
+
+/**
+ * @generated from message cohort.v1.ListWorkspaceSecretsResponse
+ */
+export type ListWorkspaceSecretsResponse = Message<"cohort.v1.ListWorkspaceSecretsResponse"> & {
+  /**
+   * @generated from field: repeated cohort.v1.SecretMetadata secrets = 1;
+   */
+  secrets: SecretMetadata[];
+
+  /**
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message cohort.v1.ListWorkspaceSecretsResponse.
+ * Use `create(ListWorkspaceSecretsResponseSchema)` to create a new message.
+ */
+export const ListWorkspaceSecretsResponseSchema: GenMessage<ListWorkspaceSecretsResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 10);
+
+/**
+ * @generated from message cohort.v1.DeleteWorkspaceSecretRequest
+ */
+export type DeleteWorkspaceSecretRequest = Message<"cohort.v1.DeleteWorkspaceSecretRequest"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message cohort.v1.DeleteWorkspaceSecretRequest.
+ * Use `create(DeleteWorkspaceSecretRequestSchema)` to create a new message.
+ */
+export const DeleteWorkspaceSecretRequestSchema: GenMessage<DeleteWorkspaceSecretRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 11);
+
+/**
+ * @generated from message cohort.v1.DeleteWorkspaceSecretResponse
+ */
+export type DeleteWorkspaceSecretResponse = Message<"cohort.v1.DeleteWorkspaceSecretResponse"> & {
+};
+
+/**
+ * Describes the message cohort.v1.DeleteWorkspaceSecretResponse.
+ * Use `create(DeleteWorkspaceSecretResponseSchema)` to create a new message.
+ */
+export const DeleteWorkspaceSecretResponseSchema: GenMessage<DeleteWorkspaceSecretResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 12);
+
+/**
+ * SecretRelease is one audited release decision. It never holds the value.
+ *
+ * @generated from message cohort.v1.SecretRelease
+ */
+export type SecretRelease = Message<"cohort.v1.SecretRelease"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string intern_id = 2;
+   */
+  internId: string;
+
+  /**
+   * The vault the secret was looked up in, when one was found.
+   *
+   * @generated from field: optional string vault_id = 3;
+   */
+  vaultId?: string | undefined;
+
+  /**
+   * "intern" or "workspace": which vault answered; empty when none did.
+   *
+   * @generated from field: string vault_scope = 4;
+   */
+  vaultScope: string;
+
+  /**
+   * @generated from field: string secret_name = 5;
+   */
+  secretName: string;
+
+  /**
+   * The normalized destination host (the raw input, escaped, when invalid).
+   *
+   * @generated from field: string host = 6;
+   */
+  host: string;
+
+  /**
+   * The daemon's run that asked, when the release came from an intern's tool.
+   *
+   * @generated from field: optional string run_id = 7;
+   */
+  runId?: string | undefined;
+
+  /**
+   * "released" or "refused".
+   *
+   * @generated from field: string outcome = 8;
+   */
+  outcome: string;
+
+  /**
+   * host_match, host_not_allowed, unbound, secret_not_found, …
+   *
+   * @generated from field: string reason = 9;
+   */
+  reason: string;
+
+  /**
+   * Who asked: "daemon:<intern id>", "key:<id>" or "internal".
+   *
+   * @generated from field: string actor = 10;
+   */
+  actor: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 11;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cohort.v1.SecretRelease.
+ * Use `create(SecretReleaseSchema)` to create a new message.
+ */
+export const SecretReleaseSchema: GenMessage<SecretRelease> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 13);
+
+/**
+ * @generated from message cohort.v1.ListSecretReleasesRequest
+ */
+export type ListSecretReleasesRequest = Message<"cohort.v1.ListSecretReleasesRequest"> & {
+  /**
+   * Only this intern's decisions, when set.
+   *
+   * @generated from field: string intern_id = 1;
+   */
+  internId: string;
+
+  /**
+   * 1 to 1000; 0 means 100.
+   *
+   * @generated from field: int32 limit = 2;
+   */
+  limit: number;
+
+  /**
+   * Only decisions older than this id's (the last id of the previous page).
+   *
+   * @generated from field: string before = 3;
+   */
+  before: string;
+};
+
+/**
+ * Describes the message cohort.v1.ListSecretReleasesRequest.
+ * Use `create(ListSecretReleasesRequestSchema)` to create a new message.
+ */
+export const ListSecretReleasesRequestSchema: GenMessage<ListSecretReleasesRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 14);
+
+/**
+ * @generated from message cohort.v1.ListSecretReleasesResponse
+ */
+export type ListSecretReleasesResponse = Message<"cohort.v1.ListSecretReleasesResponse"> & {
+  /**
+   * @generated from field: repeated cohort.v1.SecretRelease releases = 1;
+   */
+  releases: SecretRelease[];
+
+  /**
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message cohort.v1.ListSecretReleasesResponse.
+ * Use `create(ListSecretReleasesResponseSchema)` to create a new message.
+ */
+export const ListSecretReleasesResponseSchema: GenMessage<ListSecretReleasesResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_vault, 15);
+
+/**
  * KekRotation is what `cohort admin vault rotate-kek` reports.
  *
  * @generated from message cohort.v1.KekRotation
@@ -150,7 +502,7 @@ export type KekRotation = Message<"cohort.v1.KekRotation"> & {
  * Use `create(KekRotationSchema)` to create a new message.
  */
 export const KekRotationSchema: GenMessage<KekRotation> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_vault, 3);
+  messageDesc(file_cohort_v1_vault, 16);
 
 /**
  * VaultService stores secrets for interns. Values go in and never come out:
@@ -178,6 +530,78 @@ export const VaultService: GenService<{
     input: typeof PutInternSecretRequestSchema;
     output: typeof PutInternSecretResponseSchema;
   },
+  /**
+   * ListInternSecrets lists the metadata of the intern's secrets, by name.
+   *
+   * @generated from rpc cohort.v1.VaultService.ListInternSecrets
+   */
+  listInternSecrets: {
+    methodKind: "unary";
+    input: typeof ListInternSecretsRequestSchema;
+    output: typeof ListInternSecretsResponseSchema;
+  },
+  /**
+   * DeleteInternSecret deletes one of the intern's secrets (404 when absent).
+   *
+   * @generated from rpc cohort.v1.VaultService.DeleteInternSecret
+   */
+  deleteInternSecret: {
+    methodKind: "unary";
+    input: typeof DeleteInternSecretRequestSchema;
+    output: typeof DeleteInternSecretResponseSchema;
+  },
+  /**
+   * PutWorkspaceSecret creates or replaces a secret in the vault of the
+   * workspace the API key selects. Each workspace has its own vault and keys.
+   *
+   * @generated from rpc cohort.v1.VaultService.PutWorkspaceSecret
+   */
+  putWorkspaceSecret: {
+    methodKind: "unary";
+    input: typeof PutWorkspaceSecretRequestSchema;
+    output: typeof PutWorkspaceSecretResponseSchema;
+  },
+  /**
+   * ListWorkspaceSecrets lists the metadata of the workspace's secrets.
+   *
+   * @generated from rpc cohort.v1.VaultService.ListWorkspaceSecrets
+   */
+  listWorkspaceSecrets: {
+    methodKind: "unary";
+    input: typeof ListWorkspaceSecretsRequestSchema;
+    output: typeof ListWorkspaceSecretsResponseSchema;
+  },
+  /**
+   * DeleteWorkspaceSecret deletes one of the workspace's secrets.
+   *
+   * @generated from rpc cohort.v1.VaultService.DeleteWorkspaceSecret
+   */
+  deleteWorkspaceSecret: {
+    methodKind: "unary";
+    input: typeof DeleteWorkspaceSecretRequestSchema;
+    output: typeof DeleteWorkspaceSecretResponseSchema;
+  },
 }> = /*@__PURE__*/
   serviceDesc(file_cohort_v1_vault, 0);
+
+/**
+ * VaultAdminService is the organization admin's view of the vault: the audit
+ * of every release decision. It requires a management key and shows that
+ * key's organization only. Values are never part of it.
+ *
+ * @generated from service cohort.v1.VaultAdminService
+ */
+export const VaultAdminService: GenService<{
+  /**
+   * ListSecretReleases lists release decisions, newest first.
+   *
+   * @generated from rpc cohort.v1.VaultAdminService.ListSecretReleases
+   */
+  listSecretReleases: {
+    methodKind: "unary";
+    input: typeof ListSecretReleasesRequestSchema;
+    output: typeof ListSecretReleasesResponseSchema;
+  },
+}> = /*@__PURE__*/
+  serviceDesc(file_cohort_v1_vault, 1);
 
