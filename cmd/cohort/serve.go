@@ -67,6 +67,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
+	stopChat, err := startChat(ctx, srv, cfg)
+	if err != nil {
+		return err
+	}
+	defer stopChat()
 	// Listen first: local daemons are told where the gateway is.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -85,11 +90,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopFederation()
-	stopChat, err := startChat(ctx, srv, cfg)
-	if err != nil {
-		return err
-	}
-	defer stopChat()
 	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
