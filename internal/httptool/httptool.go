@@ -11,7 +11,6 @@ package httptool
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -27,6 +26,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/vaulthost"
 )
 
@@ -163,17 +163,7 @@ func New(o Options) *Tool {
 	}
 	g := newGuard(o.AllowLoopback)
 	dialer := &net.Dialer{Timeout: 10 * time.Second, Control: g.control}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if len(o.ExtraRoots) > 0 {
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		for _, c := range o.ExtraRoots {
-			pool.AddCert(c)
-		}
-		tlsConf.RootCAs = pool
-	}
+	tlsConf := safehttp.TLSConfig(o.ExtraRoots)
 	dial := dialer.DialContext
 	if o.Resolve != nil {
 		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -74,17 +74,7 @@ func New(o Options) *http.Client {
 			return checkDial(network, address, o.AllowLoopback)
 		},
 	}
-	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
-	if len(o.ExtraRoots) > 0 {
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		for _, c := range o.ExtraRoots {
-			pool.AddCert(c)
-		}
-		tlsConfig.RootCAs = pool
-	}
+	tlsConfig := TLSConfig(o.ExtraRoots)
 	transport := &http.Transport{
 		Proxy:                  nil, // an environment proxy would dial for us, past the guard
 		DialContext:            dialer.DialContext,
@@ -273,4 +263,21 @@ func ExtraRootsFromFile(path string) ([]*x509.Certificate, error) {
 		return nil, fmt.Errorf("extra CA file %s: no PEM certificate found", path)
 	}
 	return certs, nil
+}
+
+// TLSConfig is the TLS client configuration of every guarded client: TLS
+// 1.2 or later, the system roots plus extra (for a test or private CA).
+func TLSConfig(extra []*x509.Certificate) *tls.Config {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if len(extra) > 0 {
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		for _, cert := range extra {
+			pool.AddCert(cert)
+		}
+		c.RootCAs = pool
+	}
+	return c
 }

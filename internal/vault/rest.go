@@ -60,6 +60,21 @@ func (h REST) admit(w http.ResponseWriter, r *http.Request, write bool) *auth.Pr
 	return p
 }
 
+// readPut reads and strictly decodes a PUT body, answering the error itself.
+func readPut(w http.ResponseWriter, r *http.Request) (*putBody, bool) {
+	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
+	if err != nil {
+		httpx.WriteError(w, r, err, true)
+		return nil, false
+	}
+	var b putBody
+	if err := httpx.DecodeStrict(body, &b); err != nil {
+		httpx.WriteError(w, r, err, true)
+		return nil, false
+	}
+	return &b, true
+}
+
 // Put handles PUT /api/v1/vault/interns/{internId}/secrets/{name}: 201 with
 // the metadata when the secret is new, 200 when it replaced one.
 func (h REST) Put(w http.ResponseWriter, r *http.Request) {
@@ -67,14 +82,8 @@ func (h REST) Put(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		return
 	}
-	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
-	if err != nil {
-		httpx.WriteError(w, r, err, true)
-		return
-	}
-	var b putBody
-	if err := httpx.DecodeStrict(body, &b); err != nil {
-		httpx.WriteError(w, r, err, true)
+	b, ok := readPut(w, r)
+	if !ok {
 		return
 	}
 	req := &cohortv1.PutInternSecretRequest{InternId: r.PathValue("internId"), Name: r.PathValue("name"), Hosts: b.Hosts}
@@ -100,14 +109,8 @@ func (h REST) PutWorkspace(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		return
 	}
-	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
-	if err != nil {
-		httpx.WriteError(w, r, err, true)
-		return
-	}
-	var b putBody
-	if err := httpx.DecodeStrict(body, &b); err != nil {
-		httpx.WriteError(w, r, err, true)
+	b, ok := readPut(w, r)
+	if !ok {
 		return
 	}
 	req := &cohortv1.PutWorkspaceSecretRequest{Name: r.PathValue("name"), Hosts: b.Hosts}
