@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,7 +66,7 @@ func (e *adminEnv) print(msgs ...proto.Message) error {
 	if e.json {
 		parts := make([]string, len(msgs))
 		for i, m := range msgs {
-			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+			b, err := stableJSON(m)
 			if err != nil {
 				return err
 			}
@@ -82,7 +84,7 @@ func (e *adminEnv) print(msgs ...proto.Message) error {
 // printOne writes a single message (not wrapped in an array with --json).
 func (e *adminEnv) printOne(m proto.Message) error {
 	if e.json {
-		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+		b, err := stableJSON(m)
 		if err != nil {
 			return err
 		}
@@ -91,6 +93,20 @@ func (e *adminEnv) printOne(m proto.Message) error {
 	}
 	_, err := fmt.Fprintln(e.out, protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Format(m))
 	return err
+}
+
+// stableJSON is protojson with proto field names, compacted: protojson
+// varies its whitespace on purpose, and scripts read this output.
+func stableJSON(m proto.Message) ([]byte, error) {
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 func optional(s string) *string {
