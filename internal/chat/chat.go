@@ -51,6 +51,12 @@ type Daemons interface {
 	Client(ctx context.Context, in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
 }
 
+// RowDaemons is a Daemons that can dial from an intern row read in the
+// current request (the provisioner does), sparing Client's second read.
+type RowDaemons interface {
+	ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
+}
+
 // DefaultTurnRate is the turn rate per user or organization when none is
 // configured (docs/decisions.md): 60 turns a minute, in bursts of 60.
 var DefaultTurnRate = ratelimit.PerMinute(60)
@@ -189,7 +195,13 @@ func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		}
 	}()
 
-	client, err := s.Daemons.Client(dctx, in)
+	var client interndv1connect.InternDaemonServiceClient
+	if f, ok := s.Daemons.(RowDaemons); ok {
+		// The row was read from the database just now: no second read.
+		client, err = f.ClientFor(in)
+	} else {
+		client, err = s.Daemons.Client(dctx, in)
+	}
 	if err != nil {
 		return nil, st.refusal(err)
 	}

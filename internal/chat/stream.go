@@ -66,6 +66,10 @@ func (s *Stream) arm(d time.Duration) {
 	s.timer.Reset(d)
 }
 
+// Ready reports whether Next has a chunk (or the end) without waiting for
+// the daemon.
+func (s *Stream) Ready() bool { return len(s.queue) > 0 || s.done }
+
 // Close cancels the daemon call if it is still running. A caller that goes
 // away mid-run thereby cancels the run; after the stream ended (including a
 // pause) the daemon call is already complete and nothing changes.

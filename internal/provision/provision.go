@@ -81,6 +81,14 @@ type Provisioner struct {
 	once   sync.Once
 	client *http.Client
 
+	// dialed caches the Connect client of each (intern, URL, wrapped
+	// secret) seen: building one and unwrapping the secret cost more than
+	// the rest of a turn's set-up. The key is the row as read from the
+	// database on each request, so a changed URL or rotated secret misses;
+	// no state is cached, only what a given row dials.
+	dialMu sync.Mutex
+	dialed map[dialKey]interndv1connect.InternDaemonServiceClient
+
 	mu     sync.Mutex
 	sups   map[string]*supervisor
 	closed bool
@@ -148,18 +156,49 @@ func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (internd
 	if err := p.DB.NewSelect().Model(&in).Where("id = ?", intern.ID).Scan(ctx); err != nil {
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
 	}
+	return p.ClientFor(&in)
+}
+
+// ClientFor is Client for a row the caller read from the database in this
+// same request (the chat orchestration's interns.Load): it applies the
+// same checks without reading the row a second time.
+func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
+	p.init()
 	if in.State != store.InternRunning {
 		return nil, apierr.Conflict("intern_not_ready", "the intern is not running")
 	}
 	if in.DaemonURL == "" || in.DaemonSecret == "" {
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
 	}
-	secret, err := p.unwrap(&in)
+	k := dialKey{id: in.ID, url: in.DaemonURL, wrapped: in.DaemonSecret}
+	p.dialMu.Lock()
+	c, ok := p.dialed[k]
+	p.dialMu.Unlock()
+	if ok {
+		return c, nil
+	}
+	secret, err := p.unwrap(in)
 	if err != nil {
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
 	}
-	return p.dial(in.DaemonURL, secret), nil
+	c = p.dial(in.DaemonURL, secret)
+	p.dialMu.Lock()
+	if p.dialed == nil || len(p.dialed) >= maxDialed {
+		// Stale entries (old URLs, rotated secrets) are dropped wholesale;
+		// the next turn of each live intern dials again.
+		p.dialed = map[dialKey]interndv1connect.InternDaemonServiceClient{}
+	}
+	p.dialed[k] = c
+	p.dialMu.Unlock()
+	return c, nil
 }
+
+// dialKey identifies what a row dials: the wrapped secret is bound to the
+// intern id, so the id is part of the key.
+type dialKey struct{ id, url, wrapped string }
+
+// maxDialed bounds the client cache.
+const maxDialed = 4096
 
 func (p *Provisioner) dial(base, secret string) interndv1connect.InternDaemonServiceClient {
 	return interndv1connect.NewInternDaemonServiceClient(p.client, base,

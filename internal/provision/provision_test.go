@@ -306,6 +306,20 @@ func TestRemoteRegister(t *testing.T) {
 		if _, err := prov.Client(ctx, &other); !apierr.Is(err, 502, "intern_unreachable") {
 			t.Fatalf("copied secret: %v", err)
 		}
+		// ClientFor (a row read in the request) applies the same checks, and
+		// its cache of dialed clients is keyed by the intern too: the copy
+		// does not open even though the original was just dialed.
+		if _, err := prov.ClientFor(loadIntern(t, db, e.InternID)); err != nil {
+			t.Fatalf("ClientFor: %v", err)
+		}
+		if _, err := prov.ClientFor(loadIntern(t, db, "another")); !apierr.Is(err, 502, "intern_unreachable") {
+			t.Fatalf("ClientFor copied secret: %v", err)
+		}
+		stopped := *loadIntern(t, db, e.InternID)
+		stopped.State = store.InternSuspended
+		if _, err := prov.ClientFor(&stopped); !apierr.Is(err, 409, "intern_not_ready") {
+			t.Fatalf("ClientFor suspended row: %v", err)
+		}
 		// Suspended: not ready; resumed: running again once the daemon answers.
 		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), e.InternID); err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -34,6 +35,17 @@ var (
 // (the caller is gone, so nothing more can be delivered).
 type Source interface {
 	Next() (*cohortv1.ChatCompletionChunk, error)
+}
+
+// Direct is a Source that Serve may read from the handler's own goroutine,
+// with no pump goroutine between them: its Next returns promptly once the
+// request's context ends, Close makes a blocked Next return, and Ready
+// reports whether Next has a chunk without blocking (so chunks that are
+// ready together go out in one write). Keepalives then come from a timer.
+type Direct interface {
+	Source
+	Ready() bool
+	Close()
 }
 
 // Options tune a stream; zero values take the defaults.
@@ -92,6 +104,10 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+
+	if d, ok := src.(Direct); ok {
+		return serveDirect(w, rc, d, opt)
+	}
 
 	items := make(chan item, 16)
 	stop := make(chan struct{})
@@ -171,6 +187,98 @@ func pump(src Source, out chan<- item, stop <-chan struct{}) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// serveDirect is Serve for a Direct source: one goroutine per stream reads
+// the source and writes, and a timer writes the keepalives of a silent
+// stream. mu orders the two writers; a failed keepalive closes the source
+// so the blocked Next returns and the stream ends with that error.
+func serveDirect(w http.ResponseWriter, rc *http.ResponseController, src Direct, opt Options) error {
+	var (
+		mu      sync.Mutex
+		last    = time.Now()
+		stopped bool
+		kaErr   error
+		buf     []byte
+	)
+	// write is called with mu held.
+	write := func(b []byte) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
+		last = time.Now()
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+	every := opt.keepalive()
+	var ka *time.Timer
+	ka = time.AfterFunc(every, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || kaErr != nil {
+			return
+		}
+		if idle := time.Since(last); idle < every {
+			// A chunk went out since the timer was set.
+			ka.Reset(every - idle)
+			return
+		}
+		if err := write(keepalive); err != nil {
+			kaErr = err
+			src.Close()
+			return
+		}
+		ka.Reset(every)
+	})
+	defer func() {
+		mu.Lock()
+		stopped = true
+		ka.Stop()
+		mu.Unlock()
+	}()
+	for {
+		c, err := src.Next()
+		mu.Lock()
+		if kaErr != nil {
+			err := kaErr
+			mu.Unlock()
+			return err
+		}
+		if err != nil {
+			defer mu.Unlock()
+			if err == io.EOF {
+				return write(done)
+			}
+			return err
+		}
+		// Take every chunk that is ready too (the role chunk and the first
+		// content chunk, say), then write and flush once.
+		buf = Event(buf[:0], c)
+		for len(buf) < maxBatch && src.Ready() {
+			c, err = src.Next()
+			if err != nil {
+				break
+			}
+			buf = Event(buf, c)
+		}
+		werr := write(buf)
+		if werr == nil && err != nil {
+			if err == io.EOF {
+				werr = write(done)
+			} else {
+				werr = err
+			}
+			mu.Unlock()
+			return werr
+		}
+		mu.Unlock()
+		if werr != nil {
+			return werr
 		}
 	}
 }

@@ -386,3 +386,113 @@ func TestUsageCostNotFiniteIsLeftOut(t *testing.T) {
 
 func nan() float64 { z := 0.0; return z / z }
 func inf() float64 { z := 0.0; return 1 / z }
+
+// direct makes a list a Direct source: every chunk is ready at once except
+// behind a gate, and Close releases a blocked Next with an error.
+type direct struct {
+	gate
+	closed chan struct{}
+}
+
+func newDirect(chunks []*cohortv1.ChatCompletionChunk, wait <-chan struct{}) *direct {
+	return &direct{gate: gate{list: list{chunks: chunks}, wait: wait}, closed: make(chan struct{})}
+}
+
+func (d *direct) Next() (*cohortv1.ChatCompletionChunk, error) {
+	if d.n == 1 && d.wait != nil {
+		select {
+		case <-d.wait:
+		case <-d.closed:
+			return nil, errors.New("closed")
+		}
+		d.wait = nil
+	}
+	d.n++
+	return d.list.Next()
+}
+
+func (d *direct) Ready() bool { return d.n != 1 || d.wait == nil }
+
+func (d *direct) Close() {
+	select {
+	case <-d.closed:
+	default:
+		close(d.closed)
+	}
+}
+
+// A Direct source (read without the pump goroutine) gives the same bytes
+// as the golden files.
+func TestDirectGolden(t *testing.T) {
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			_, got := serve(t, newDirect(p.chunks, nil), sse.Options{})
+			want, err := os.ReadFile(filepath.Join("testdata", p.name+".golden"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != string(want) {
+				t.Errorf("direct stream differs from %s.golden:\n%s", p.name, got)
+			}
+		})
+	}
+}
+
+func TestDirectKeepaliveAfterSilence(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	time.AfterFunc(300*time.Millisecond, func() { close(release) })
+	_, got := serve(t, newDirect(paths[1].chunks, release), sse.Options{Keepalive: 40 * time.Millisecond})
+	first, rest, _ := strings.Cut(got, "\n\n")
+	if !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("first event %q", first)
+	}
+	if n := strings.Count(rest, ": keepalive\n\n"); n < 2 {
+		t.Errorf("%d keepalives during 300 ms of silence at a 40 ms interval, want several:\n%s", n, got)
+	}
+	if !strings.HasPrefix(rest, ": keepalive\n\n") {
+		t.Errorf("keepalive not right after the silent gap:\n%s", got)
+	}
+	checkWire(t, got)
+}
+
+func TestDirectNoKeepaliveWhileBusy(t *testing.T) {
+	t.Parallel()
+	_, got := serve(t, newDirect(paths[0].chunks, nil), sse.Options{Keepalive: time.Hour})
+	if strings.Contains(got, "keepalive") {
+		t.Errorf("keepalive without silence:\n%s", got)
+	}
+}
+
+// A keepalive that cannot be written (the caller stopped reading) closes
+// the source, so a Next blocked on a silent intern returns and Serve ends.
+func TestDirectFailedKeepaliveClosesSource(t *testing.T) {
+	t.Parallel()
+	src := newDirect(paths[1].chunks, make(chan struct{}))
+	returned := make(chan error, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		returned <- sse.Serve(w, r, src, sse.Options{Keepalive: 20 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+	}))
+	defer srv.Close()
+	res, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	// Hang up without a read: the next keepalive write fails.
+	srv.CloseClientConnections()
+	select {
+	case err := <-returned:
+		if err == nil {
+			t.Error("Serve reported a complete stream after the caller left")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after its keepalive failed")
+	}
+	select {
+	case <-src.closed:
+	default:
+		t.Error("the source was not closed")
+	}
+}
