@@ -2,11 +2,13 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
 
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/browsertest"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -74,6 +76,29 @@ func TestVaultListsAndAudit(t *testing.T) {
 		if strings.Contains(e.Logs(), v) {
 			t.Fatal("a secret value reached the gateway's log")
 		}
+	}
+	// Paging: 101 workspace secrets are a page of 100 and one behind More.
+	p, err := e.Server.Auth.Bearer(ctx, "Bearer "+e.WorkspaceKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if _, err := e.Server.Vault.PutWorkspace(ctx, p, "", &cohortv1.PutWorkspaceSecretRequest{
+			Name: fmt.Sprintf("bulk_%03d", i), Hosts: []string{"example.net"}, Value: "v"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Do(t, chromedp.Reload(), chromedp.WaitVisible(css(wsList+" table")))
+	wsRows := func() int {
+		return browsertest.Get(t, b, chromedp.Evaluate[int](`document.querySelectorAll("`+wsList+` tbody tr").length`))
+	}
+	if n := wsRows(); n != 100 {
+		t.Fatalf("first page of workspace secrets has %d rows", n)
+	}
+	b.Do(t, chromedp.Click(css("button[aria-label='More workspace secrets']")))
+	until(t, b, `document.querySelectorAll("`+wsList+` tbody tr").length === 101`)
+	if txt := b.Text(t, wsList+" tbody tr:last-child"); !strings.Contains(txt, "shared_token") {
+		t.Fatalf("second page: %q", txt)
 	}
 	// Delete asks for a second press.
 	b.Do(t, chromedp.Click(css("button[aria-label='Delete workspace secret shared_token']")))

@@ -43,11 +43,14 @@ export async function vaultPage(root: HTMLElement, internArg: string): Promise<v
   };
   scope.addEventListener("change", syncScope);
 
+  // The intern whose secrets are listed: a row's delete acts on it, even
+  // if the picker moved since.
+  let listed = "";
   const internSecrets = secretList(
     "Secrets of the intern",
     "intern",
-    (after) => vault.listInternSecrets({ internId: intern.value, after }),
-    (n) => vault.deleteInternSecret({ internId: intern.value, name: n }),
+    (after) => vault.listInternSecrets({ internId: (listed = intern.value), after }),
+    (n) => vault.deleteInternSecret({ internId: listed, name: n }),
     () => (intern.value === "" ? "Choose an intern to list its secrets." : ""),
   );
   const workspaceSecrets = secretList(
