@@ -5,7 +5,7 @@ import { createConnectTransport } from "@connectrpc/connect-web";
 import { WorkspaceService } from "./gen/cohort/v1/workspace_pb";
 import { AdminService } from "./gen/cohort/v1/admin_pb";
 import { InternService } from "./gen/cohort/v1/intern_pb";
-import { VaultService } from "./gen/cohort/v1/vault_pb";
+import { VaultService, VaultAdminService } from "./gen/cohort/v1/vault_pb";
 import { ChatService } from "./gen/cohort/v1/chat_pb";
 import { FederationService } from "./gen/cohort/v1/federation_pb";
 import { ErrorDetailSchema } from "./gen/cohort/v1/errors_pb";
@@ -49,6 +49,7 @@ export const workspaces = createClient(WorkspaceService, transport);
 export const admin = createClient(AdminService, transport);
 export const interns = createClient(InternService, transport);
 export const vault = createClient(VaultService, transport);
+export const vaultAdmin = createClient(VaultAdminService, transport);
 export const chat = createClient(ChatService, transport);
 export const federation = createClient(FederationService, transport);
 
