@@ -143,6 +143,16 @@ func RateKey(p *auth.Principal) string {
 // starting with the role chunk. The daemon call lives as long as ctx: when
 // the caller goes away, the daemon sees its call cancelled.
 func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest) (*Stream, error) {
+	return s.open(ctx, p, req, func() (*store.Intern, error) { return s.Interns.Load(ctx, p, req.GetInternId()) })
+}
+
+// OpenPreloaded is Open for a caller that read the intern's row with the
+// key (interns.Service.Authenticate): one database round trip per turn.
+func (s *Service) OpenPreloaded(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl interns.Preloaded) (*Stream, error) {
+	return s.open(ctx, p, req, func() (*store.Intern, error) { return pl.Get(p) })
+}
+
+func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (*Stream, error) {
 	if err := s.Admit(p); err != nil {
 		return nil, err
 	}
@@ -150,7 +160,7 @@ func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	if err != nil {
 		return nil, err
 	}
-	in, err := s.Interns.Load(ctx, p, req.GetInternId())
+	in, err := load()
 	if err != nil {
 		return nil, err
 	}

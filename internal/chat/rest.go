@@ -30,7 +30,9 @@ type REST struct {
 // response is a 200 event stream.
 func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	p, err := h.Auth.Bearer(ctx, r.Header.Get("Authorization"))
+	// The key and the intern's row in one query: the turn's only database
+	// round trip before the daemon is called.
+	p, pl, err := h.S.Interns.Authenticate(ctx, h.Auth, r.Header.Get("Authorization"), r.PathValue("internId"))
 	if err != nil {
 		httpx.WriteError(w, r, err, true)
 		return
@@ -50,7 +52,7 @@ func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.InternId = r.PathValue("internId")
-	st, err := h.S.Open(ctx, p, req)
+	st, err := h.S.OpenPreloaded(ctx, p, req, pl)
 	if err != nil {
 		httpx.WriteError(w, r, err, true)
 		return

@@ -153,6 +153,57 @@ func (s *Service) Load(ctx context.Context, p *auth.Principal, id string) (*stor
 	return &in, nil
 }
 
+// visible reads, with the key, the live intern of the given id the key may
+// see: Load's rule in SQL (same organization, not deleted, and the key's
+// workspace unless it is a management key). The first column says whether
+// a row matched; the timestamps are not read.
+var visible = &auth.Join{Name: "interns.visible", SQL: func(ph string) (string, string) {
+	return `,
+	i.id IS NOT NULL, COALESCE(i.id, ''), COALESCE(i.organization_id, ''), COALESCE(i.workspace_id, ''),
+	COALESCE(i.name, ''), COALESCE(i.model, ''), COALESCE(i.state, ''), COALESCE(i.created_by, ''),
+	COALESCE(i.daemon_url, ''), COALESCE(i.daemon_secret, ''), COALESCE(i.provisioner, '')`,
+		`LEFT JOIN interns i ON i.id = ` + ph + ` AND i.organization_id = k.organization_id
+	AND i.state <> '` + store.InternDeleted + `' AND (k.kind = '` + store.KeyManagement + `' OR i.workspace_id = k.workspace_id)`
+}}
+
+// Preloaded is the intern row Authenticate read with the key, or its
+// absence.
+type Preloaded struct {
+	id string
+	in *store.Intern
+}
+
+// Get answers as Load would have for the preloaded row.
+func (pl Preloaded) Get(p *auth.Principal) (*store.Intern, error) {
+	if err := CheckProgramme(p); err != nil {
+		return nil, err
+	}
+	if pl.in == nil {
+		return nil, apierr.NotFound("intern %q not found", pl.id)
+	}
+	return pl.in, nil
+}
+
+// Authenticate resolves an Authorization header and reads intern id in the
+// same database round trip (the chat door's hot path). The key's state is
+// read as on every request; the intern's row is the one Load would return,
+// without CreatedAt and UpdatedAt. The caller checks the programme and the
+// departed creator before it uses the row, as Load's callers do.
+func (s *Service) Authenticate(ctx context.Context, a *auth.Authenticator, header, id string) (*auth.Principal, Preloaded, error) {
+	var in store.Intern
+	var found bool
+	p, err := a.BearerJoin(ctx, header, visible, id, &found, &in.ID, &in.OrganizationID, &in.WorkspaceID,
+		&in.Name, &in.Model, &in.State, &in.CreatedBy, &in.DaemonURL, &in.DaemonSecret, &in.Provisioner)
+	if err != nil {
+		return nil, Preloaded{}, err
+	}
+	pl := Preloaded{id: id}
+	if found {
+		pl.in = &in
+	}
+	return p, pl, nil
+}
+
 // Get returns one intern.
 func (s *Service) Get(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
 	in, err := s.Load(ctx, p, id)
