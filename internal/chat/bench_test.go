@@ -1,17 +1,22 @@
 package chat_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -168,5 +173,101 @@ func BenchmarkEncode(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = sse.Event(buf[:0], c)
+	}
+}
+
+// BenchmarkTurn is the gateway's cost per turn (ns/op is per turn): the
+// time from sending a prompt to reading the first content chunk, for a
+// scripted daemon that answers at once (Started, one text event, stop).
+//   - daemon_alone: a Connect client calling the scripted daemon directly,
+//     as `cohort bench chat` calibrates against the real one;
+//   - gateway_sqlite, gateway_postgres: the REST door in front of the
+//     same daemon (authentication, the intern's row, the rate limiter, the
+//     second hop, the SSE encoding) on each database.
+//
+// The difference between daemon_alone and a gateway variant is what the
+// gateway adds to the time to first chunk.
+func BenchmarkTurn(b *testing.B) {
+	c := benchChunk()
+	text := c.GetChoices()[0].GetDelta().GetContent()
+	sc := events(nil, started("sess-1"), textEv(model, text), stopEv(model))
+	// Like the real daemon's events, the scripted daemon's are not gzipped.
+	noGzip := connect.WithAcceptCompression("gzip", nil, nil)
+	// The scripted daemon reports every call's end on a bounded channel.
+	discardEnded := func(b *testing.B, d *daemon) {
+		stop := make(chan struct{})
+		b.Cleanup(func() { close(stop) })
+		go func() {
+			for {
+				select {
+				case <-d.ended:
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
+
+	b.Run("daemon_alone", func(b *testing.B) {
+		d := newDaemon(b, noGzip)
+		d.set(sc, sc)
+		discardEnded(b, d)
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			res, err := d.client.StartTurn(ctx, connect.NewRequest(&interndv1.StartTurnRequest{SessionId: "sess-1", Prompt: "go"}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for res.Receive() {
+				if res.Msg().GetEvent().GetText() != nil {
+					break
+				}
+			}
+			res.Close()
+		}
+	})
+	for _, db := range []struct {
+		name string
+		open func(testing.TB) *bun.DB
+	}{{"gateway_sqlite", storetest.SQLite}, {"gateway_postgres", storetest.Postgres}} {
+		b.Run(db.name, func(b *testing.B) {
+			// The limiter stays in the path, at a rate the loop cannot reach.
+			lim, err := ratelimit.NewMemory(ratelimit.Rate{Events: 1 << 30, Period: time.Second, Burst: 1 << 30}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := newDaemon(b, noGzip)
+			e := newEnv(b, db.open(b), func(s *server.Server) { s.Chat.Daemons, s.Chat.Limiter = daemons{d: d}, lim })
+			e.d = d
+			e.d.set(sc, sc)
+			discardEnded(b, e.d)
+			client := e.HTTPClient()
+			body := userBody("go")
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+				res, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.StatusCode != 200 {
+					b.Fatal(res.StatusCode)
+				}
+				br := bufio.NewReader(res.Body)
+				for {
+					line, err := br.ReadSlice('\n')
+					if err != nil {
+						b.Fatal("no content chunk: ", err)
+					}
+					if bytes.Contains(line, []byte(`"content"`)) {
+						break
+					}
+				}
+				io.Copy(io.Discard, br)
+				res.Body.Close()
+			}
+		})
 	}
 }
