@@ -251,6 +251,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	perStream := fs.Int("stream-chunks", 5000, "chunks per stream in the throughput run")
 	idle := fs.Int("idle-streams", 10000, "idle streams held open for the memory figure")
 	childLogs := fs.Bool("child-logs", false, "show the gateway's, daemon's and agent's logs")
+	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon (daemon.intern.pprof) and its agent here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -293,7 +294,13 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	gdir := filepath.Join(dir, "gateway")
-	gw, err := child(nil, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
+	prof := func(name string) []string {
+		if *profDir == "" {
+			return nil
+		}
+		return []string{"COHORT_CPUPROFILE=" + filepath.Join(*profDir, name)}
+	}
+	gw, err := child(prof("gateway"), "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
 		"--turn-rate", "1000000/s", "--log-level", "error")
 	if err != nil {
 		return err
@@ -308,7 +315,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	const secret = "bench-daemon-secret"
 	secretFile := filepath.Join(dir, "secret")
 	os.WriteFile(secretFile, []byte(secret), 0o600)
-	daemon, err := child([]string{"COHORT_INTERN_SECRET=" + secret, "COHORT_AGENT_BASE_URL=" + mock.url + "/v1", "COHORT_AGENT_API_KEY=bench"},
+	daemon, err := child(append(prof("daemon"), "COHORT_INTERN_SECRET="+secret, "COHORT_AGENT_BASE_URL=" + mock.url + "/v1", "COHORT_AGENT_API_KEY=bench"),
 		"intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "daemon"), "--intern-id", intern,
 		"--model", "bench/model", "--log-level", "error")
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,12 +40,34 @@ Run "cohort <command> -h" for a command's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "cohort:", err)
 		}
 		os.Exit(1)
 	}
+}
+
+// profiled runs f under a CPU profile written to
+// $COHORT_CPUPROFILE.<command>.pprof when that variable is set (any command;
+// `cohort bench chat --profile-dir` sets it for its children, and the
+// agents a daemon starts inherit it, hence the command in the name).
+func profiled(f func() error) error {
+	prefix := os.Getenv("COHORT_CPUPROFILE")
+	if prefix == "" || len(os.Args) < 2 {
+		return f()
+	}
+	out, err := os.Create(prefix + "." + filepath.Base(os.Args[1]) + ".pprof")
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	return f()
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
