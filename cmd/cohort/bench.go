@@ -315,7 +315,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	const secret = "bench-daemon-secret"
 	secretFile := filepath.Join(dir, "secret")
 	os.WriteFile(secretFile, []byte(secret), 0o600)
-	daemon, err := child(append(prof("daemon"), "COHORT_INTERN_SECRET="+secret, "COHORT_AGENT_BASE_URL=" + mock.url + "/v1", "COHORT_AGENT_API_KEY=bench"),
+	daemon, err := child(append(prof("daemon"), "COHORT_INTERN_SECRET="+secret, "COHORT_AGENT_BASE_URL="+mock.url+"/v1", "COHORT_AGENT_API_KEY=bench"),
 		"intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "daemon"), "--intern-id", intern,
 		"--model", "bench/model", "--log-level", "error")
 	if err != nil {
