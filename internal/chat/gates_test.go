@@ -12,6 +12,7 @@ import (
 	"github.com/uptrace/bun"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
@@ -52,6 +53,13 @@ func TestGates(t *testing.T) {
 			other := e.NewKey(t, store.KeyWorkspace, newWorkspace(t, e))
 			status, body, _ := e.post(t, other, e.InternID, ok)
 			wantRefusal(t, status, body, 404, "not_found")
+			// Another organization's management key does not see it either.
+			status, body, _ = e.post(t, otherOrgManagementKey(t, e), e.InternID, ok)
+			wantRefusal(t, status, body, 404, "not_found")
+			// The organization's own management key sees every workspace's.
+			if status, body, _ := e.post(t, e.ManagementKey, e.InternID, ok); status != 200 {
+				t.Fatalf("management key: %d %s", status, body)
+			}
 		})
 		t.Run("409 intern_not_ready", func(t *testing.T) {
 			for _, st := range []string{store.InternProvisioning, store.InternSuspended} {
@@ -303,4 +311,28 @@ type lazyTokens struct {
 
 func (v *lazyTokens) VerifyAccessToken(ctx context.Context, tok string) (string, error) {
 	return tokens{v.token, *v.keyID}.VerifyAccessToken(ctx, tok)
+}
+
+// otherOrgManagementKey creates an organization with an entitled admin and
+// returns its management key.
+func otherOrgManagementKey(t *testing.T, e *env) string {
+	t.Helper()
+	ctx := context.Background()
+	acc := e.Server.Accounts
+	org, err := acc.CreateOrganization(ctx, auth.Operator(""), &cohortv1.CreateOrganizationRequest{Name: "Other",
+		Entitlements: &cohortv1.Entitlements{InternsProgramme: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := auth.Operator(org.GetId())
+	u, err := acc.CreateUser(ctx, op, &cohortv1.CreateUserRequest{Email: "admin@" + org.GetId() + ".test", Role: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op.UserID = u.GetId()
+	k, err := acc.CreateAPIKey(ctx, op, &cohortv1.CreateApiKeyRequest{Kind: store.KeyManagement})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.GetKey()
 }
