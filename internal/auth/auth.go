@@ -100,12 +100,8 @@ type Authenticator struct {
 	// own). Every other procedure refuses one with 403.
 	AccessTokenProcedures map[string]bool
 
-	once         sync.Once
-	byHash, byID *sql.Stmt
-	prepErr      error
-
-	joinMu    sync.Mutex
-	joinStmts map[joinKey]*sql.Stmt
+	mu    sync.Mutex
+	stmts map[stmtKey]*sql.Stmt
 }
 
 // A Join reads one more row in the same query as the key, so that a hot
@@ -120,8 +116,10 @@ type Join struct {
 	SQL func(ph string) (columns, join string)
 }
 
-type joinKey struct {
-	name string
+// stmtKey names a prepared lookup: by hash or by id, with a join or not
+// (name "").
+type stmtKey struct {
+	join string
 	byID bool
 }
 
@@ -145,7 +143,7 @@ func (a *Authenticator) connectPrincipal(ctx context.Context, header, procedure 
 }
 
 // keyColumns and keyFrom are the one query behind every authenticated
-// request. It is prepared once: parsing it cost more than running it.
+// request (stmt prepares it).
 const keyColumns = `SELECT k.id, k.organization_id, k.workspace_id, k.user_id, k.kind, k.hash,
 	k.disabled_at IS NOT NULL, k.deleted_at IS NOT NULL,
 	o.interns_programme, o.workload_identity, o.vault_writes,
@@ -167,63 +165,41 @@ type keyRow struct {
 	member, hasGrant                          bool
 }
 
-// placeholders are the key's and a join's argument in the dialect's syntax.
-// SQLite's numbered ?NNN lets the join's argument come first in the text.
-func (a *Authenticator) placeholders() (key, join string) {
-	if a.DB.Dialect().Name() == dialect.PG {
-		return "$1", "$2"
-	}
-	return "?1", "?2"
-}
-
 // stmt returns the prepared lookup by hash or by id, with j's columns and
-// clause when j is not nil.
+// clause when j is not nil. Each is prepared once: parsing the query cost
+// more than running it.
 func (a *Authenticator) stmt(byID bool, j *Join) (*sql.Stmt, error) {
+	k := stmtKey{byID: byID}
 	if j != nil {
-		return a.joinStmt(byID, j)
+		k.join = j.Name
 	}
-	a.once.Do(func() {
-		ph := "?"
-		if a.DB.Dialect().Name() == dialect.PG {
-			ph = "$1"
-		}
-		// Not the request's context: a cancelled first request must not poison the statement.
-		pctx := context.Background()
-		if a.byHash, a.prepErr = a.DB.DB.PrepareContext(pctx, keyColumns+keyFrom+"WHERE k.hash = "+ph); a.prepErr == nil {
-			a.byID, a.prepErr = a.DB.DB.PrepareContext(pctx, keyColumns+keyFrom+"WHERE k.id = "+ph)
-		}
-	})
-	if a.prepErr != nil {
-		return nil, a.prepErr
-	}
-	if byID {
-		return a.byID, nil
-	}
-	return a.byHash, nil
-}
-
-func (a *Authenticator) joinStmt(byID bool, j *Join) (*sql.Stmt, error) {
-	k := joinKey{j.Name, byID}
-	a.joinMu.Lock()
-	defer a.joinMu.Unlock()
-	if st, ok := a.joinStmts[k]; ok {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if st, ok := a.stmts[k]; ok {
 		return st, nil
 	}
-	kph, jph := a.placeholders()
-	cols, clause := j.SQL(jph)
-	col := "k.hash = "
-	if byID {
-		col = "k.id = "
+	// SQLite's numbered ?NNN lets the join's argument come first in the text.
+	kph, jph := "?1", "?2"
+	if a.DB.Dialect().Name() == dialect.PG {
+		kph, jph = "$1", "$2"
 	}
-	q := keyColumns + cols + keyFrom + clause + "\nWHERE " + col + kph
-	st, err := a.DB.DB.PrepareContext(context.Background(), q)
+	var cols, clause string
+	if j != nil {
+		cols, clause = j.SQL(jph)
+	}
+	where := "\nWHERE k.hash = "
+	if byID {
+		where = "\nWHERE k.id = "
+	}
+	// Not the request's context: a cancelled first request must not poison the statement.
+	st, err := a.DB.DB.PrepareContext(context.Background(), keyColumns+cols+keyFrom+clause+where+kph)
 	if err != nil {
 		return nil, err
 	}
-	if a.joinStmts == nil {
-		a.joinStmts = map[joinKey]*sql.Stmt{}
+	if a.stmts == nil {
+		a.stmts = map[stmtKey]*sql.Stmt{}
 	}
-	a.joinStmts[k] = st
+	a.stmts[k] = st
 	return st, nil
 }
 
