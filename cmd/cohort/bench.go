@@ -33,9 +33,10 @@ import (
 //	cohort bench chat         the measurements (docs/benchmarks.md, Chat)
 //	cohort bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	cohort bench sse-serve    a bare Go SSE server, the reference (child)
+//	cohort bench mock-daemon  an intern daemon that streams its schedule at once (child)
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("bench: want chat, mock-model or sse-serve")
+		return errors.New("bench: want chat, mock-model, sse-serve or mock-daemon")
 	}
 	switch args[0] {
 	case "chat":
@@ -44,6 +45,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
 	case "sse-serve":
 		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
+	case "mock-daemon":
+		mux := http.NewServeMux()
+		mux.Handle(interndv1connect.NewInternDaemonServiceHandler(scriptedDaemon{}, connect.WithCompressMinBytes(4096)))
+		return benchServe(ctx, mux, stdout)
 	default:
 		return fmt.Errorf("bench: unknown benchmark %q", args[0])
 	}
@@ -55,7 +60,10 @@ func benchServe(ctx context.Context, h http.Handler, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true) // the scripted daemon is called over h2c
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos}
 	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
 	go func() { <-ctx.Done(); srv.Close() }()
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -251,6 +259,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	perStream := fs.Int("stream-chunks", 5000, "chunks per stream in the throughput run")
 	idle := fs.Int("idle-streams", 10000, "idle streams held open for the memory figure")
 	childLogs := fs.Bool("child-logs", false, "show the gateway's, daemon's and agent's logs")
+	gwEnv := fs.String("gateway-env", "", "comma-separated KEY=VALUE pairs added to the gateway's environment (GOMAXPROCS=1, GODEBUG=...)")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon (daemon.intern.pprof) and its agent here")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -300,7 +309,11 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return []string{"COHORT_CPUPROFILE=" + filepath.Join(*profDir, name)}
 	}
-	gw, err := child(prof("gateway"), "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
+	genv := prof("gateway")
+	if *gwEnv != "" {
+		genv = append(genv, strings.Split(*gwEnv, ",")...)
+	}
+	gw, err := child(genv, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
 		"--turn-rate", "1000000/s", "--log-level", "error")
 	if err != nil {
 		return err
@@ -321,23 +334,32 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	scripted, err := child(nil, "bench", "mock-daemon")
+	if err != nil {
+		return err
+	}
 	self, _ := os.Executable()
-	reg := exec.Command(self, "admin", "intern", "register", "--id", intern, "--url", daemon.url, "--secret-file", secretFile, "--data-dir", gdir)
-	reg.Stderr = stderr
-	if err := reg.Run(); err != nil {
-		return fmt.Errorf("register: %w", err)
+	// register points the intern at a daemon; the gateway reads the row on
+	// every turn, so the next turn goes there.
+	register := func(url string) error {
+		reg := exec.Command(self, "admin", "intern", "register", "--id", intern, "--url", url, "--secret-file", secretFile, "--data-dir", gdir)
+		reg.Stderr = stderr
+		if err := reg.Run(); err != nil {
+			return fmt.Errorf("register: %w", err)
+		}
+		return nil
 	}
 
 	var h2c http.Protocols
 	h2c.SetUnencryptedHTTP2(true)
-	dclient := interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: bearer{&http.Transport{Protocols: &h2c}, "Bearer " + secret}}, daemon.url)
+	dtr := bearer{&http.Transport{Protocols: &h2c}, "Bearer " + secret}
 	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
 	hclient := &http.Client{Transport: tr}
 	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"
 	var sessions atomic.Int64
 
-	// direct: one turn on the daemon alone; returns time to the first text.
-	direct := func(prompt string) (time.Duration, error) {
+	// direct: one turn on a daemon alone; returns time to the first text.
+	direct := func(dclient interndv1connect.InternDaemonServiceClient, prompt string) (time.Duration, error) {
 		t0 := time.Now()
 		st, err := dclient.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{
 			SessionId: fmt.Sprintf("bench-%d", sessions.Add(1)), Prompt: prompt, ApprovalMode: pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE}))
@@ -390,98 +412,118 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-
-	// 1. Time to the first chunk, the two paths interleaved.
-	var dTTFC, gTTFC []time.Duration
-	for i := range *turns + 20 {
-		d, err := direct(benchPrompt(1, 0, false))
-		if err != nil {
-			return fmt.Errorf("daemon turn: %w", err)
-		}
-		g, _, err := viaGateway(benchPrompt(1, 0, false), false, nil)
-		if err != nil {
-			return err
-		}
-		if i >= 20 { // warm-up
-			dTTFC, gTTFC = append(dTTFC, d), append(gTTFC, g)
-		}
-	}
 	pct := func(v []time.Duration, p float64) time.Duration {
 		s := slices.Clone(v)
 		slices.Sort(s)
 		return s[min(len(s)-1, int(p*float64(len(s))))]
 	}
-	fmt.Fprintf(stdout, "\ntime to first chunk (%d turns each)        p50        p99\n", *turns)
-	fmt.Fprintf(stdout, "  daemon alone (Connect)          %10v %10v\n", pct(dTTFC, .5), pct(dTTFC, .99))
-	fmt.Fprintf(stdout, "  through the gateway (REST/SSE)  %10v %10v\n", pct(gTTFC, .5), pct(gTTFC, .99))
-	fmt.Fprintf(stdout, "  added by the gateway            %10v %10v\n", pct(gTTFC, .5)-pct(dTTFC, .5), pct(gTTFC, .99)-pct(dTTFC, .99))
-	// The two turns of a pair ran back to back, so their difference is
-	// less exposed to the machine's drift than the difference of the two
-	// distributions; its median is the second estimate.
-	diffs := make([]time.Duration, len(gTTFC))
-	for i := range gTTFC {
-		diffs[i] = gTTFC[i] - dTTFC[i]
-	}
-	fmt.Fprintf(stdout, "  added, median of paired turns   %10v\n", pct(diffs, .5))
 
-	// 2. Relay cost per chunk: the gateway's CPU per chunk relayed vs a
-	// bare Go SSE server's CPU per identical chunk written.
-	var sample []byte
-	var got atomic.Int64
-	cpu0 := gw.cpu()
-	if _, _, err := viaGateway(benchPrompt(*chunks, 0, false), false, func(l []byte) {
-		if got.Add(1) == 10 {
-			sample = append([]byte(nil), l...)
+	// phase measures, with the intern's daemon at url: time to first chunk,
+	// relay cost per chunk and throughput.
+	var chunk string // a relayed chunk, for the bare reference and the idle streams
+	phase := func(title, url string) error {
+		if err := register(url); err != nil {
+			return err
 		}
-	}); err != nil {
-		return err
-	}
-	gwCPU := gw.cpu() - cpu0
-	relayed := got.Load()
-	chunk := strings.TrimSuffix(strings.TrimPrefix(string(sample), "data: "), "\n")
-	cpu0 = bare.cpu()
-	// CPU time comes in 10 ms ticks: the bare server writes many chunks so
-	// its per-chunk figure is not a rounding artefact.
-	res, err := hclient.Post(bare.url+"/?n="+strconv.Itoa(*bareChunks), "application/json", strings.NewReader(chunk))
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, res.Body)
-	res.Body.Close()
-	bareCPU := bare.cpu() - cpu0
-	perGW := float64(gwCPU) / float64(relayed)
-	perBare := float64(bareCPU) / float64(*bareChunks)
-	fmt.Fprintf(stdout, "\nrelay cost per chunk (CPU of the serving process; sample chunk %d bytes)\n", len(chunk))
-	fmt.Fprintf(stdout, "  gateway relay (%7d chunks)   %10v\n  bare Go SSE write (%7d)      %10v\n  ratio                           %10.2f×\n",
-		relayed, time.Duration(perGW), *bareChunks, time.Duration(perBare), perGW/max(perBare, 1))
+		dclient := interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: dtr}, url)
+		fmt.Fprintf(stdout, "\n== %s\n", title)
 
-	// 3. Throughput: concurrent streams through one gateway.
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	errc := make(chan error, *streams)
-	cpu0 = gw.cpu()
-	t0 := time.Now()
-	for range *streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, _, err := viaGateway(benchPrompt(*perStream, 0, false), false, func([]byte) { total.Add(1) }); err != nil {
-				errc <- err
+		// 1. Time to the first chunk, the two paths interleaved.
+		var dTTFC, gTTFC []time.Duration
+		for i := range *turns + 20 {
+			d, err := direct(dclient, benchPrompt(1, 0, false))
+			if err != nil {
+				return fmt.Errorf("daemon turn: %w", err)
 			}
-		}()
+			g, _, err := viaGateway(benchPrompt(1, 0, false), false, nil)
+			if err != nil {
+				return err
+			}
+			if i >= 20 { // warm-up
+				dTTFC, gTTFC = append(dTTFC, d), append(gTTFC, g)
+			}
+		}
+		fmt.Fprintf(stdout, "time to first chunk (%d turns each)        p50        p99\n", *turns)
+		fmt.Fprintf(stdout, "  daemon alone (Connect)          %10v %10v\n", pct(dTTFC, .5), pct(dTTFC, .99))
+		fmt.Fprintf(stdout, "  through the gateway (REST/SSE)  %10v %10v\n", pct(gTTFC, .5), pct(gTTFC, .99))
+		fmt.Fprintf(stdout, "  added by the gateway            %10v %10v\n", pct(gTTFC, .5)-pct(dTTFC, .5), pct(gTTFC, .99)-pct(dTTFC, .99))
+		// The two turns of a pair ran back to back, so their difference is
+		// less exposed to the machine's drift than the difference of the two
+		// distributions; its median is the second estimate.
+		diffs := make([]time.Duration, len(gTTFC))
+		for i := range gTTFC {
+			diffs[i] = gTTFC[i] - dTTFC[i]
+		}
+		fmt.Fprintf(stdout, "  added, median of paired turns   %10v\n", pct(diffs, .5))
+
+		// 2. Relay cost per chunk: the gateway's CPU per chunk relayed vs a
+		// bare Go SSE server's CPU per identical chunk written.
+		var sample []byte
+		var got atomic.Int64
+		cpu0 := gw.cpu()
+		if _, _, err := viaGateway(benchPrompt(*chunks, 0, false), false, func(l []byte) {
+			if got.Add(1) == 10 {
+				sample = append([]byte(nil), l...)
+			}
+		}); err != nil {
+			return err
+		}
+		gwCPU := gw.cpu() - cpu0
+		relayed := got.Load()
+		chunk = strings.TrimSuffix(strings.TrimPrefix(string(sample), "data: "), "\n")
+		cpu0 = bare.cpu()
+		// CPU time comes in 10 ms ticks: the bare server writes many chunks so
+		// its per-chunk figure is not a rounding artefact.
+		res, err := hclient.Post(bare.url+"/?n="+strconv.Itoa(*bareChunks), "application/json", strings.NewReader(chunk))
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		bareCPU := bare.cpu() - cpu0
+		perGW := float64(gwCPU) / float64(relayed)
+		perBare := float64(bareCPU) / float64(*bareChunks)
+		fmt.Fprintf(stdout, "relay cost per chunk (CPU of the serving process; sample chunk %d bytes)\n", len(chunk))
+		fmt.Fprintf(stdout, "  gateway relay (%7d chunks)   %10v\n  bare Go SSE write (%7d)      %10v\n  ratio                           %10.2f×\n",
+			relayed, time.Duration(perGW), *bareChunks, time.Duration(perBare), perGW/max(perBare, 1))
+
+		// 3. Throughput: concurrent streams through one gateway.
+		var total atomic.Int64
+		var wg sync.WaitGroup
+		errc := make(chan error, *streams)
+		cpu0 = gw.cpu()
+		t0 := time.Now()
+		for range *streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, _, err := viaGateway(benchPrompt(*perStream, 0, false), false, func([]byte) { total.Add(1) }); err != nil {
+					errc <- err
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(t0)
+		tpCPU := gw.cpu() - cpu0
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
+		fmt.Fprintf(stdout, "throughput (%d streams × %d chunks, one gateway)\n", *streams, *perStream)
+		fmt.Fprintf(stdout, "  chunks/s end to end             %10.0f\n", float64(total.Load())/elapsed.Seconds())
+		fmt.Fprintf(stdout, "  gateway CPU per chunk           %10v  (%.0f chunks/s per core)\n",
+			tpCPU/time.Duration(max(total.Load(), 1)), float64(total.Load())/max(tpCPU.Seconds(), 0.01))
+		return nil
 	}
-	wg.Wait()
-	elapsed := time.Since(t0)
-	tpCPU := gw.cpu() - cpu0
-	select {
-	case err := <-errc:
+	// The whole path first (the gateway paced by the agent), then the
+	// gateway alone (an upstream that outruns it).
+	if err := phase("whole path: gateway → daemon → built-in agent → mock model", daemon.url); err != nil {
 		return err
-	default:
 	}
-	fmt.Fprintf(stdout, "\nthroughput (%d streams × %d chunks, one gateway)\n", *streams, *perStream)
-	fmt.Fprintf(stdout, "  chunks/s end to end             %10.0f\n", float64(total.Load())/elapsed.Seconds())
-	fmt.Fprintf(stdout, "  gateway CPU per chunk           %10v  (%.0f chunks/s per core)\n",
-		tpCPU/time.Duration(max(total.Load(), 1)), float64(total.Load())/max(tpCPU.Seconds(), 0.01))
+	if err := phase("gateway alone: gateway → scripted daemon (streams at once)", scripted.url); err != nil {
+		return err
+	}
 
 	// 4. Memory of idle streams: the gateway's and a bare SSE server's RSS
 	// growth per open stream, side by side.
