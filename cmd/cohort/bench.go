@@ -259,6 +259,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	perStream := fs.Int("stream-chunks", 5000, "chunks per stream in the throughput run")
 	idle := fs.Int("idle-streams", 10000, "idle streams held open for the memory figure")
 	childLogs := fs.Bool("child-logs", false, "show the gateway's, daemon's and agent's logs")
+	only := fs.String("only", "", "run only one phase: whole (the gateway before the real daemon) or alone (before the scripted daemon)")
 	gwEnv := fs.String("gateway-env", "", "comma-separated KEY=VALUE pairs added to the gateway's environment (GOMAXPROCS=1, GODEBUG=...)")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon (daemon.intern.pprof) and its agent here")
 	if err := fs.Parse(args); err != nil {
@@ -518,11 +519,15 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The whole path first (the gateway paced by the agent), then the
 	// gateway alone (an upstream that outruns it).
-	if err := phase("whole path: gateway → daemon → built-in agent → mock model", daemon.url); err != nil {
-		return err
+	if *only != "alone" {
+		if err := phase("whole path: gateway → daemon → built-in agent → mock model", daemon.url); err != nil {
+			return err
+		}
 	}
-	if err := phase("gateway alone: gateway → scripted daemon (streams at once)", scripted.url); err != nil {
-		return err
+	if *only != "whole" {
+		if err := phase("gateway alone: gateway → scripted daemon (streams at once)", scripted.url); err != nil {
+			return err
+		}
 	}
 
 	// 4. Memory of idle streams: the gateway's and a bare SSE server's RSS
