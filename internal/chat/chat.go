@@ -24,6 +24,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -192,7 +193,10 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		cancel:  cancel,
 		id:      s.newID(),
 		created: s.now().Unix(),
+		look:    &httpx.Lookahead{},
 	}
+	// Over a LookaheadTransport the daemon's stream is read through st.look.
+	dctx = httpx.WithLookahead(dctx, st.look)
 	// The request budget covers reaching the daemon, its answer and its
 	// first event. When it passes, the daemon call is cancelled and the
 	// caller gets 504 timeout.

@@ -19,6 +19,7 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -59,7 +60,8 @@ func newDaemon(t testing.TB, opts ...connect.ClientOption) *daemon {
 	t.Cleanup(d.srv.Close)
 	var cp http.Protocols
 	cp.SetUnencryptedHTTP2(true)
-	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: &http.Transport{Protocols: &cp}}, d.srv.URL, opts...)
+	// The provisioner's transport: streams are read through a lookahead.
+	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &cp}}}, d.srv.URL, opts...)
 	return d
 }
 

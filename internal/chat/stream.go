@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,7 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/httpx"
 )
 
 // Wire constants of the chunks.
@@ -36,6 +38,8 @@ type Stream struct {
 
 	recv        func() (*interndv1.RunEvent, error)
 	closeDaemon func() error
+	// look shows what the daemon sent that recv has not read yet.
+	look *httpx.Lookahead
 
 	timer    *time.Timer
 	timeout  time.Duration
@@ -47,6 +51,7 @@ type Stream struct {
 	queue    []*cohortv1.ChatCompletionChunk
 	done     bool
 	closed   bool
+	gone     error // the caller's context error once the caller went away
 }
 
 // ID is the completion id every chunk of the response carries.
@@ -65,10 +70,6 @@ func (s *Stream) arm(d time.Duration) {
 	}
 	s.timer.Reset(d)
 }
-
-// Ready reports whether Next has a chunk (or the end) without waiting for
-// the daemon.
-func (s *Stream) Ready() bool { return len(s.queue) > 0 || s.done }
 
 // Close cancels the daemon call if it is still running. A caller that goes
 // away mid-run thereby cancels the run; after the stream ended (including a
@@ -111,27 +112,58 @@ func (s *Stream) refusal(err error) *apierr.Error {
 // exists: there is nobody to deliver it to).
 func (s *Stream) Next() (*cohortv1.ChatCompletionChunk, error) {
 	for len(s.queue) == 0 {
+		if s.gone != nil {
+			return nil, s.gone
+		}
 		if s.done {
 			s.release()
 			return nil, io.EOF
 		}
-		ev, err := s.recv()
-		if ev != nil {
-			s.timer.Reset(s.timeout)
-			s.translate(ev)
-			continue
-		}
-		if s.ctx.Err() != nil {
-			s.done = true
-			s.release()
-			return nil, context.Cause(s.ctx)
-		}
-		s.fail(s.midStreamError(err), ServiceModel)
+		s.pull()
 	}
 	c := s.queue[0]
 	s.queue[0] = nil
 	s.queue = s.queue[1:]
 	return c, nil
+}
+
+// pull receives one daemon event, waiting for it, and queues its chunks.
+func (s *Stream) pull() {
+	ev, err := s.recv()
+	if ev != nil {
+		s.timer.Reset(s.timeout)
+		s.translate(ev)
+		return
+	}
+	if s.ctx.Err() != nil {
+		s.done = true
+		s.gone = context.Cause(s.ctx)
+		s.release()
+		return
+	}
+	s.fail(s.midStreamError(err), ServiceModel)
+}
+
+// Ready reports whether Next has a chunk (or the end) without waiting for
+// the daemon. Events that have already arrived whole count: they are
+// received here, so a burst from the daemon leaves in one write.
+func (s *Stream) Ready() bool {
+	for len(s.queue) == 0 && !s.done && s.arrived() {
+		s.pull()
+	}
+	return len(s.queue) > 0 || s.done
+}
+
+// arrived reports whether a whole daemon message has arrived and not been
+// read, so receiving it cannot block. A Connect envelope is a flags byte
+// and a big-endian length; the end-of-stream envelope (flag 2) is left to
+// Next.
+func (s *Stream) arrived() bool {
+	b := s.look.Buffered()
+	if len(b) < 5 || b[0]&2 != 0 {
+		return false
+	}
+	return uint64(len(b)-5) >= uint64(binary.BigEndian.Uint32(b[1:5]))
 }
 
 // midStreamError is what the caller is told when the daemon stream stops

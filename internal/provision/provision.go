@@ -40,6 +40,7 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -111,7 +112,9 @@ func (p *Provisioner) init() {
 		var protos http.Protocols
 		protos.SetUnencryptedHTTP2(true)
 		protos.SetHTTP2(true)
-		p.client = &http.Client{Transport: &http.Transport{Protocols: &protos, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
+		// The lookahead lets a chat stream send the events that arrived
+		// together in one write.
+		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &protos, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}}
 	})
 }
 

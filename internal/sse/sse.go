@@ -266,15 +266,19 @@ func serveDirect(w http.ResponseWriter, rc *http.ResponseController, src Direct,
 			}
 			buf = Event(buf, c)
 		}
-		werr := write(buf)
-		if werr == nil && err != nil {
-			if err == io.EOF {
-				werr = write(done)
-			} else {
-				werr = err
-			}
+		if err == io.EOF {
+			// The end goes out with the last chunks, unflushed: the server
+			// flushes it with the response's terminating chunk when the
+			// handler returns, one write instead of two.
+			_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
+			_, werr := w.Write(append(buf, done...))
 			mu.Unlock()
 			return werr
+		}
+		werr := write(buf)
+		if werr == nil && err != nil {
+			mu.Unlock()
+			return err
 		}
 		mu.Unlock()
 		if werr != nil {

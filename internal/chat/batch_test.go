@@ -1,0 +1,169 @@
+package chat_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+// burstDaemon answers StartTurn with all of evs in one HTTP/2 write, as
+// Connect frames them (flags byte, big-endian length, message), then the
+// end-of-stream frame: the gateway finds the whole turn waiting at once.
+func burstDaemon(t *testing.T, evs ...*interndv1.RunEvent) interndv1connect.InternDaemonServiceClient {
+	var body []byte
+	frame := func(flags byte, msg []byte) {
+		body = append(body, flags)
+		body = binary.BigEndian.AppendUint32(body, uint32(len(msg)))
+		body = append(body, msg...)
+	}
+	for _, ev := range evs {
+		b, err := proto.Marshal(&interndv1.StartTurnResponse{Event: ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		frame(0, b)
+	}
+	frame(2, []byte("{}"))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/connect+proto")
+		w.WriteHeader(200)
+		w.Write(body)
+	}))
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &p}}}, srv.URL)
+}
+
+// countingListener counts the writes on the connections it accepts.
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return countingConn{c, l.writes}, err
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+// TestBurstLeavesInOneWrite: events that reach the gateway together leave
+// together. A whole turn that arrives in one read (role, three deltas,
+// usage, stop) is one write to the caller: headers, every chunk, [DONE]
+// and the end of the chunked body.
+func TestBurstLeavesInOneWrite(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	e.Server.Chat.Daemons = daemons{d: &daemon{client: burstDaemon(t,
+		started("sess-1"), textEv(model, "one "), textEv(model, "two "), textEv(model, "three"),
+		usageEv(model, &interndv1.Usage{PromptTokens: 1, CompletionTokens: 3, TotalTokens: 4}), stopEv(model))}}
+	var writes atomic.Int64
+	hs := httptest.NewUnstartedServer(e.Server.Handler())
+	hs.Listener = countingListener{hs.Listener, &writes}
+	hs.Start()
+	t.Cleanup(hs.Close)
+
+	req, _ := http.NewRequest("POST", hs.URL+server.Prefix+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(userBody("x")))
+	req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("%d %v\n%s", res.StatusCode, err, raw)
+	}
+	chunks, _ := parseStream(t, string(raw))
+	var text strings.Builder
+	for _, c := range chunks {
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != nil {
+				text.WriteString(*ch.Delta.Content)
+			}
+		}
+	}
+	if text.String() != "one two three" || finishOf(chunks) != "stop" || len(chunks) != 6 {
+		t.Fatalf("stream: %d chunks, text %q, finish %q:\n%s", len(chunks), text.String(), finishOf(chunks), raw)
+	}
+	if n := writes.Load(); n != 1 {
+		t.Errorf("the response took %d writes, want 1", n)
+	}
+}
+
+// TestNothingHeldBack: the lookahead only takes what has already arrived.
+// A chunk followed by an event that makes no chunk (usage) and then
+// silence goes out at once: the daemon waits for the caller to see it
+// before it sends the rest.
+func TestNothingHeldBack(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	seen := make(chan struct{})
+	held := make(chan bool, 1)
+	e.d.set(func(ctx context.Context, send func(*interndv1.RunEvent) error) error {
+		send(started("sess-1"))
+		send(textEv(model, "first"))
+		send(usageEv(model, &interndv1.Usage{PromptTokens: 1, CompletionTokens: 1, TotalTokens: 2}))
+		select {
+		case <-seen:
+			held <- false
+		case <-time.After(5 * time.Second):
+			held <- true
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		send(textEv(model, "second"))
+		return send(stopEv(model))
+	}, nil)
+	req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(userBody("x")))
+	req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+	res, err := e.HTTPClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var all strings.Builder
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		all.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), `"content":"first"`) {
+			select {
+			case <-seen:
+			default:
+				close(seen)
+			}
+		}
+	}
+	if <-held {
+		t.Fatalf("the first chunk waited for the daemon's next event:\n%s", all.String())
+	}
+	if !strings.Contains(all.String(), `"content":"second"`) || !strings.HasSuffix(all.String(), "data: [DONE]\n\n") {
+		t.Errorf("stream did not finish:\n%s", all.String())
+	}
+}
