@@ -1,10 +1,10 @@
 package httpx
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net/http"
+	"sync"
 )
 
 // Lookahead shows the reader of one streamed response body what has already
@@ -13,12 +13,26 @@ import (
 // context carries a Lookahead (WithLookahead) and goes through a
 // LookaheadTransport gets its response body read through it.
 //
-// Buffered and the body's reads must come from one goroutine.
-type Lookahead struct{ br *bufio.Reader }
+// A read that may wait for the peer goes straight into the caller's
+// buffer, so an idle stream holds no buffer of ours; the read after it (the
+// rest of a message that has begun to arrive) goes through a pooled buffer
+// and takes whatever else has arrived with it. That buffer goes back to
+// the pool once read.
+//
+// Buffered and Read must be called from one goroutine.
+type Lookahead struct {
+	body  io.ReadCloser
+	buf   *[]byte // pooled; nil while nothing is buffered
+	r, w  int
+	err   error // the body's error, returned once the buffer is read
+	ahead bool  // the next read from the body goes through buf
+}
 
-// lookaheadSize is the read buffer of a body: one read takes up to this
-// much of what has arrived. It is held for the life of the stream.
+// lookaheadSize is the pooled buffer: one read takes up to this much of
+// what has arrived.
 const lookaheadSize = 4 << 10
+
+var lookaheadPool = sync.Pool{New: func() any { b := make([]byte, lookaheadSize); return &b }}
 
 type lookaheadKey struct{}
 
@@ -30,11 +44,40 @@ func WithLookahead(ctx context.Context, l *Lookahead) context.Context {
 // Buffered returns the bytes that arrived and were not read yet, without
 // blocking; the slice is valid until the next read.
 func (l *Lookahead) Buffered() []byte {
-	if l == nil || l.br == nil {
+	if l == nil || l.buf == nil {
 		return nil
 	}
-	b, _ := l.br.Peek(l.br.Buffered())
-	return b
+	return (*l.buf)[l.r:l.w]
+}
+
+func (l *Lookahead) read(p []byte) (int, error) {
+	if l.buf != nil {
+		n := copy(p, (*l.buf)[l.r:l.w])
+		l.r += n
+		if l.r == l.w {
+			lookaheadPool.Put(l.buf)
+			l.buf = nil
+		}
+		return n, nil
+	}
+	if l.err != nil {
+		return 0, l.err
+	}
+	if !l.ahead || len(p) >= lookaheadSize {
+		n, err := l.body.Read(p)
+		l.ahead = n > 0
+		return n, err
+	}
+	l.ahead = false
+	b := lookaheadPool.Get().(*[]byte)
+	n, err := l.body.Read(*b)
+	l.err = err
+	if n == 0 {
+		lookaheadPool.Put(b)
+		return 0, err
+	}
+	l.buf, l.r, l.w = b, 0, n
+	return l.read(p)
 }
 
 // LookaheadTransport is an http.RoundTripper that reads the response body
@@ -48,8 +91,8 @@ func (t LookaheadTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return res, err
 	}
 	if l, ok := r.Context().Value(lookaheadKey{}).(*Lookahead); ok && l != nil {
-		l.br = bufio.NewReaderSize(res.Body, lookaheadSize)
-		res.Body = bufferedBody{l.br, res.Body}
+		l.body = res.Body
+		res.Body = lookaheadBody{l}
 	}
 	return res, nil
 }
@@ -61,7 +104,10 @@ func (t LookaheadTransport) CloseIdleConnections() {
 	}
 }
 
-type bufferedBody struct {
-	*bufio.Reader
-	io.Closer
-}
+type lookaheadBody struct{ l *Lookahead }
+
+func (b lookaheadBody) Read(p []byte) (int, error) { return b.l.read(p) }
+
+// Close closes the body; a buffer still held is left to the collector
+// (Close may come from another goroutine than the reads).
+func (b lookaheadBody) Close() error { return b.l.body.Close() }
