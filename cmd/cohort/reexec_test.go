@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,9 +22,11 @@ import (
 
 // TestMain lets the test binary stand in for the cohort executable: `cohort
 // serve`'s local provisioner starts `<this binary> intern …` (and a daemon
-// starts `<this binary> agent`), which must run the command, not the tests.
+// starts `<this binary> agent`), and `cohort bench chat` starts `serve`,
+// `bench …` and `admin …` children, which must run the command, not the
+// tests.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == "intern" || os.Args[1] == "agent") {
+	if len(os.Args) > 1 && slices.Contains([]string{"intern", "agent", "serve", "bench", "admin"}, os.Args[1]) {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchChat runs the load command small: every phase runs against real
+// processes (gateway, daemon with the built-in agent, mock model, scripted
+// daemon, bare SSE server) and every chunk the scripted daemon sends is
+// relayed.
+func TestBenchChat(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errs strings.Builder
+	err := benchChat(ctx, []string{"--turns", "5", "--chunks", "200", "--bare-chunks", "1000",
+		"--streams", "2", "--stream-chunks", "50", "--idle-streams", "5"}, &out, &errs)
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
+	}
+	o := out.String()
+	for _, want := range []string{"== whole path", "== gateway alone", "added, median of paired turns", "ratio", "chunks/s per core"} {
+		if strings.Count(o, want) < 1 {
+			t.Errorf("output lacks %q:\n%s", want, o)
+		}
+	}
+	relayed := regexp.MustCompile(`gateway relay \(\s*(\d+) chunks\)`).FindAllStringSubmatch(o, -1)
+	if len(relayed) != 2 {
+		t.Fatalf("want a relay figure per phase:\n%s", o)
+	}
+	whole, _ := strconv.Atoi(relayed[0][1])
+	alone, _ := strconv.Atoi(relayed[1][1])
+	// The daemon may merge deltas its consumer has not taken; the scripted
+	// daemon sends every chunk as its own event: 200 deltas, the role chunk,
+	// the finish chunk, the final chunk and [DONE] are the data lines.
+	if whole < 4 || whole > 204 || alone != 204 {
+		t.Errorf("relayed %d (whole path) and %d (gateway alone) chunks:\n%s", whole, alone, o)
+	}
+	if !regexp.MustCompile(`(?m)^  gateway\s+5\s`).MatchString(o) {
+		t.Errorf("not every idle stream opened:\n%s", o)
+	}
+}
