@@ -86,7 +86,10 @@ type item struct {
 // Serve writes src to w as server-sent events until src ends (then
 // `data: [DONE]`), the request's context ends, or a write fails. It sends
 // the 200 status and the headers that keep proxies from buffering. It
-// returns nil after [DONE], else the reason the stream stopped early.
+// returns nil after [DONE], else the reason the stream stopped early. For a
+// Direct source the last chunks and [DONE] are written but not flushed: the
+// server flushes them with the end of the body when the handler returns,
+// which it must do at once.
 //
 // The server-wide read and write deadlines are cleared for the stream (a
 // stream outlives any request timeout); instead each write gets its own
