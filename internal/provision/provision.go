@@ -27,6 +27,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -113,8 +114,13 @@ func (p *Provisioner) init() {
 		protos.SetUnencryptedHTTP2(true)
 		protos.SetHTTP2(true)
 		// The lookahead lets a chat stream send the events that arrived
-		// together in one write.
-		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &protos, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}}
+		// together in one write; the coalescing dialer sends a call's
+		// headers and request in one write over h2c (every daemon method is
+		// unary or server-streaming; under TLS it sees only records and
+		// passes them through).
+		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &protos,
+			DialContext:         httpx.CoalescingDialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}}
 	})
 }
 
