@@ -26,6 +26,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/httpx"
 )
 
 // benchCmd is `cohort bench`: load measurements of the chat path.
@@ -353,7 +354,9 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 	var h2c http.Protocols
 	h2c.SetUnencryptedHTTP2(true)
-	dtr := bearer{&http.Transport{Protocols: &h2c}, "Bearer " + secret}
+	// The same transport as the gateway's daemon client, so the daemon-alone
+	// reference is not slowed by a second write per call.
+	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: httpx.CoalescingDialer(&net.Dialer{})}, "Bearer " + secret}
 	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
 	hclient := &http.Client{Transport: tr}
 	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"
