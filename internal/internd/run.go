@@ -314,6 +314,14 @@ func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) repl
 		d.log.Warn("record the interaction", "session", r.sess.rec.ID, "err", err)
 	}
 
+	// Findable by its id before the caller can learn the id from the
+	// events below: an answer sent the moment the pause is read must find
+	// the run, not a 409. (An answer before the run pauses gets 409 from
+	// run.answer, as for any interaction not pending.)
+	d.mu.Lock()
+	r.sess.byIA[ia.id] = r
+	d.mu.Unlock()
+
 	r.mu.Lock()
 	if r.state != stateStreaming || r.cancelling {
 		r.mu.Unlock()
@@ -328,10 +336,6 @@ func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) repl
 	ia.timer = time.AfterFunc(d.cfg.InteractionDeadline, func() { r.expire(ia) })
 	r.mu.Unlock()
 	d.live.Add(-1)
-
-	d.mu.Lock()
-	r.sess.byIA[ia.id] = r
-	d.mu.Unlock()
 
 	select {
 	case rep := <-ia.reply:
