@@ -40,6 +40,8 @@ func TestSignInAndCreateWorkspace(t *testing.T) {
 		chromedp.Click(css("form button[type=submit]")),
 		chromedp.WaitVisible(css(".ok")),
 	)
+	// The list reloads after the confirmation shows.
+	until(t, b, `!!document.querySelector("table") && document.querySelector("table").innerText.includes("browser-team")`)
 	listed := b.Text(t, "table")
 	local := browsertest.Get(t, b, chromedp.Evaluate[string](`JSON.stringify(localStorage)`))
 	session := browsertest.Get(t, b, chromedp.Evaluate[string](`sessionStorage.getItem("cohort.apiKey")`))
