@@ -227,23 +227,23 @@ func TestInterns(t *testing.T) {
 	if in := load(); in.Model != "acme/large" || in.State != store.InternProvisioning {
 		t.Fatalf("created %s in %s", in.Model, in.State)
 	}
-	b.Do(t,
-		chromedp.SetValue(css("input[aria-label='Model of helper']"), "acme/small"),
-		chromedp.Click(css("button[aria-label='Save the model of helper']")),
-	)
+	// The table re-renders after each action: click by selector at the
+	// moment of the click (click), not a node looked up before it.
+	b.Do(t, chromedp.SetValue(css("input[aria-label='Model of helper']"), "acme/small"))
+	click(t, b, "button[aria-label='Save the model of helper']")
 	until(t, b, `document.querySelector(".ok") && document.querySelector(".ok").textContent.startsWith("Model changed")`)
 	if in := load(); in.Model != "acme/small" {
 		t.Fatalf("model %s", in.Model)
 	}
-	b.Do(t, chromedp.Click(css("button[aria-label='Suspend helper']")), chromedp.WaitVisible(css("button[aria-label='Resume helper']")))
+	click(t, b, "button[aria-label='Suspend helper']")
+	b.Do(t, chromedp.WaitVisible(css("button[aria-label='Resume helper']")))
 	if in := load(); in.State != store.InternSuspended {
 		t.Fatalf("state %s after suspend", in.State)
 	}
-	b.Do(t, chromedp.Click(css("button[aria-label='Resume helper']")), chromedp.WaitVisible(css("button[aria-label='Suspend helper']")))
-	b.Do(t,
-		chromedp.Click(css("button[aria-label='Delete helper']")),
-		chromedp.Click(css("button[aria-label='Confirm delete: Delete helper']")),
-	)
+	click(t, b, "button[aria-label='Resume helper']")
+	b.Do(t, chromedp.WaitVisible(css("button[aria-label='Suspend helper']")))
+	click(t, b, "button[aria-label='Delete helper']")
+	click(t, b, "button[aria-label='Confirm delete: Delete helper']")
 	until(t, b, `!document.querySelector("table").textContent.includes("helper")`)
 	if in := load(); in.State != store.InternDeleted {
 		t.Fatalf("state %s after delete", in.State)

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -41,6 +42,15 @@ func signIn(t *testing.T, b *browsertest.Browser, base, key string) {
 func until(t *testing.T, b *browsertest.Browser, expr string) {
 	t.Helper()
 	browsertest.Get(t, b, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(10*time.Second)))
+}
+
+// click clicks the element css selects as the page is at that moment
+// (waiting 10 s at most for it). A chromedp.Click resolves the node first
+// and fails if a re-render replaces it in between.
+func click(t *testing.T, b *browsertest.Browser, sel string) {
+	t.Helper()
+	q, _ := json.Marshal(sel)
+	until(t, b, `(() => { const el = document.querySelector(`+string(q)+`); if (!el) return false; el.click(); return true; })()`)
 }
 
 // screenshot saves the page as docs/<name> when COHORT_SCREENSHOTS=1 (the
