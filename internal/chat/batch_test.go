@@ -26,25 +26,45 @@ import (
 // Connect frames them (flags byte, big-endian length, message), then the
 // end-of-stream frame: the gateway finds the whole turn waiting at once.
 func burstDaemon(t *testing.T, evs ...*interndv1.RunEvent) interndv1connect.InternDaemonServiceClient {
-	var body []byte
-	frame := func(flags byte, msg []byte) {
-		body = append(body, flags)
-		body = binary.BigEndian.AppendUint32(body, uint32(len(msg)))
-		body = append(body, msg...)
+	return holdingDaemon(t, nil, nil, evs...)
+}
+
+// holdingDaemon is burstDaemon that, when hold is not nil, flushes the
+// events and then waits for hold to be closed before it ends the stream;
+// released then says whether hold was closed (false: the gateway ended the
+// call first).
+func holdingDaemon(t *testing.T, hold <-chan struct{}, released chan<- bool, evs ...*interndv1.RunEvent) interndv1connect.InternDaemonServiceClient {
+	frame := func(b []byte, flags byte, msg []byte) []byte {
+		b = append(b, flags)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(msg)))
+		return append(b, msg...)
 	}
+	var body []byte
 	for _, ev := range evs {
 		b, err := proto.Marshal(&interndv1.StartTurnResponse{Event: ev})
 		if err != nil {
 			t.Fatal(err)
 		}
-		frame(0, b)
+		body = frame(body, 0, b)
 	}
-	frame(2, []byte("{}"))
+	end := frame(nil, 2, []byte("{}"))
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/connect+proto")
 		w.WriteHeader(200)
+		if hold == nil {
+			w.Write(append(body, end...))
+			return
+		}
 		w.Write(body)
+		w.(http.Flusher).Flush()
+		select {
+		case <-hold:
+			released <- true
+		case <-r.Context().Done():
+			released <- false
+		}
+		w.Write(end)
 	}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
@@ -165,5 +185,43 @@ func TestNothingHeldBack(t *testing.T) {
 	}
 	if !strings.Contains(all.String(), `"content":"second"`) || !strings.HasSuffix(all.String(), "data: [DONE]\n\n") {
 		t.Errorf("stream did not finish:\n%s", all.String())
+	}
+}
+
+// TestPauseNotHeldByTheDrain: after Finished the gateway waits for the
+// daemon to close its stream before the finish chunk (a caller leaving
+// after [DONE] must not look like one leaving mid-run), but the chunks
+// that came before Finished, here the tool call, do not wait for it even
+// when they arrived together with Finished.
+func TestPauseNotHeldByTheDrain(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	seen := make(chan struct{})
+	released := make(chan bool, 1)
+	e.Server.Chat.Daemons = daemons{d: &daemon{client: holdingDaemon(t, seen, released,
+		started("sess-1"), textEv(model, "I will list the files."), permissionEv(model, "int-1", ptr("shell")),
+		finishedEv(model, &interndv1.Finished{Reason: interndv1.Finished_REASON_PAUSED}))}}
+	req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(userBody("$ ls", `,"approval_mode":"manual"`)))
+	req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+	res, err := e.HTTPClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var all strings.Builder
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		all.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), `"service.provide_input"`) {
+			close(seen)
+		}
+	}
+	// Held, the tool call would have reached us only once the gateway gave
+	// up waiting for the close (5 s) and ended the daemon call itself.
+	if !<-released {
+		t.Fatalf("the tool call waited for the daemon to close its stream:\n%s", all.String())
+	}
+	chunks, _ := parseStream(t, all.String())
+	if finishOf(chunks) != "tool_calls" || !strings.HasSuffix(all.String(), "data: [DONE]\n\n") {
+		t.Errorf("stream:\n%s", all.String())
 	}
 }

@@ -52,6 +52,11 @@ type Stream struct {
 	done     bool
 	closed   bool
 	gone     error // the caller's context error once the caller went away
+	// After a Finished event the daemon's stream must be drained before
+	// the chunks Finished produced go out (drain); the chunks queued
+	// before it need not wait. undrained counts those earlier chunks.
+	drainDue  bool
+	undrained int
 }
 
 // ID is the completion id every chunk of the response carries.
@@ -121,6 +126,12 @@ func (s *Stream) Next() (*cohortv1.ChatCompletionChunk, error) {
 		}
 		s.pull()
 	}
+	if s.drainDue && s.undrained == 0 {
+		s.drain()
+	}
+	if s.drainDue {
+		s.undrained--
+	}
 	c := s.queue[0]
 	s.queue[0] = nil
 	s.queue = s.queue[1:]
@@ -148,19 +159,25 @@ func (s *Stream) pull() {
 // the daemon. Events that have already arrived whole count: they are
 // received here, so a burst from the daemon leaves in one write.
 func (s *Stream) Ready() bool {
-	for len(s.queue) == 0 && !s.done && s.arrived() {
+	for len(s.queue) == 0 && !s.done && s.arrived(false) {
 		s.pull()
+	}
+	if s.drainDue && s.undrained == 0 && len(s.queue) > 0 {
+		if !s.arrived(true) {
+			return false // the drain would wait for the daemon
+		}
+		s.drain()
 	}
 	return len(s.queue) > 0 || s.done
 }
 
 // arrived reports whether a whole daemon message has arrived and not been
-// read, so receiving it cannot block. A Connect envelope is a flags byte
-// and a big-endian length; the end-of-stream envelope (flag 2) is left to
-// Next.
-func (s *Stream) arrived() bool {
+// read, so receiving it cannot block: an event, or with end the
+// end-of-stream message. A Connect envelope is a flags byte (2 marks the
+// end of the stream) and a big-endian length.
+func (s *Stream) arrived(end bool) bool {
 	b := s.look.Buffered()
-	if len(b) < 5 || b[0]&2 != 0 {
+	if len(b) < 5 || (b[0]&2 != 0) != end {
 		return false
 	}
 	return uint64(len(b)-5) >= uint64(binary.BigEndian.Uint32(b[1:5]))
@@ -264,7 +281,9 @@ func (s *Stream) translate(ev *interndv1.RunEvent) {
 		s.usage = &cohortv1.ChatUsage{PromptTokens: u.GetPromptTokens(), CompletionTokens: u.GetCompletionTokens(),
 			TotalTokens: u.GetTotalTokens(), Cost: u.Cost, CachedTokens: u.CachedTokens}
 	case *interndv1.RunEvent_Finished:
-		s.drain()
+		// The chunks Finished makes go out once the daemon's stream has
+		// closed (drain); the ones queued before it do not wait for that.
+		s.drainDue, s.undrained = true, len(s.queue)
 		f := x.Finished
 		switch f.GetReason() {
 		case interndv1.Finished_REASON_STOP:
@@ -287,6 +306,7 @@ func (s *Stream) translate(ev *interndv1.RunEvent) {
 // closing our side can never look like a caller leaving mid-run (which
 // would cancel a paused run).
 func (s *Stream) drain() {
+	s.drainDue = false
 	s.timer.Reset(drainTimeout)
 	for {
 		if ev, err := s.recv(); ev == nil || err != nil {
