@@ -161,30 +161,12 @@ func TestNothingHeldBack(t *testing.T) {
 		send(textEv(model, "second"))
 		return send(stopEv(model))
 	}, nil)
-	req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(userBody("x")))
-	req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
-	res, err := e.HTTPClient().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var all strings.Builder
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		all.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), `"content":"first"`) {
-			select {
-			case <-seen:
-			default:
-				close(seen)
-			}
-		}
-	}
+	all := streamUntil(t, e, userBody("x"), `"content":"first"`, seen)
 	if <-held {
-		t.Fatalf("the first chunk waited for the daemon's next event:\n%s", all.String())
+		t.Fatalf("the first chunk waited for the daemon's next event:\n%s", all)
 	}
-	if !strings.Contains(all.String(), `"content":"second"`) || !strings.HasSuffix(all.String(), "data: [DONE]\n\n") {
-		t.Errorf("stream did not finish:\n%s", all.String())
+	if !strings.Contains(all, `"content":"second"`) || !strings.HasSuffix(all, "data: [DONE]\n\n") {
+		t.Errorf("stream did not finish:\n%s", all)
 	}
 }
 
@@ -200,7 +182,24 @@ func TestPauseNotHeldByTheDrain(t *testing.T) {
 	e.Server.Chat.Daemons = daemons{d: &daemon{client: holdingDaemon(t, seen, released,
 		started("sess-1"), textEv(model, "I will list the files."), permissionEv(model, "int-1", ptr("shell")),
 		finishedEv(model, &interndv1.Finished{Reason: interndv1.Finished_REASON_PAUSED}))}}
-	req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(userBody("$ ls", `,"approval_mode":"manual"`)))
+	all := streamUntil(t, e, userBody("$ ls", `,"approval_mode":"manual"`), `"service.provide_input"`, seen)
+	// Held, the tool call would have reached us only once the gateway gave
+	// up waiting for the close (5 s) and ended the daemon call itself.
+	if !<-released {
+		t.Fatalf("the tool call waited for the daemon to close its stream:\n%s", all)
+	}
+	chunks, _ := parseStream(t, all)
+	if finishOf(chunks) != "tool_calls" || !strings.HasSuffix(all, "data: [DONE]\n\n") {
+		t.Errorf("stream:\n%s", all)
+	}
+}
+
+// streamUntil posts body to the demo intern with the workspace key and
+// reads the whole stream as it arrives, closing seen at the first line
+// that contains mark (the daemon's script waits for that).
+func streamUntil(t *testing.T, e *env, body, mark string, seen chan struct{}) string {
+	t.Helper()
+	req, _ := http.NewRequest("POST", e.URL+"/interns/"+e.InternID+"/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
 	res, err := e.HTTPClient().Do(req)
 	if err != nil {
@@ -211,17 +210,13 @@ func TestPauseNotHeldByTheDrain(t *testing.T) {
 	sc := bufio.NewScanner(res.Body)
 	for sc.Scan() {
 		all.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), `"service.provide_input"`) {
-			close(seen)
+		if strings.Contains(sc.Text(), mark) {
+			select {
+			case <-seen:
+			default:
+				close(seen)
+			}
 		}
 	}
-	// Held, the tool call would have reached us only once the gateway gave
-	// up waiting for the close (5 s) and ended the daemon call itself.
-	if !<-released {
-		t.Fatalf("the tool call waited for the daemon to close its stream:\n%s", all.String())
-	}
-	chunks, _ := parseStream(t, all.String())
-	if finishOf(chunks) != "tool_calls" || !strings.HasSuffix(all.String(), "data: [DONE]\n\n") {
-		t.Errorf("stream:\n%s", all.String())
-	}
+	return all.String()
 }

@@ -206,18 +206,22 @@ func serveDirect(w http.ResponseWriter, rc *http.ResponseController, src Direct,
 		kaErr   error
 		buf     []byte
 	)
-	// write is called with mu held.
-	write := func(b []byte) error {
+	// send is called with mu held; write is send with a flush.
+	send := func(b []byte, flush bool) error {
 		_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
 		last = time.Now()
 		if _, err := w.Write(b); err != nil {
 			return err
+		}
+		if !flush {
+			return nil
 		}
 		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return err
 		}
 		return nil
 	}
+	write := func(b []byte) error { return send(b, true) }
 	every := opt.keepalive()
 	var ka *time.Timer
 	ka = time.AfterFunc(every, func() {
@@ -273,8 +277,7 @@ func serveDirect(w http.ResponseWriter, rc *http.ResponseController, src Direct,
 			// The end goes out with the last chunks, unflushed: the server
 			// flushes it with the response's terminating chunk when the
 			// handler returns, one write instead of two.
-			_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
-			_, werr := w.Write(append(buf, done...))
+			werr := send(append(buf, done...), false)
 			mu.Unlock()
 			return werr
 		}
