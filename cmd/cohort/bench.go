@@ -266,6 +266,9 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *only != "" && *only != "whole" && *only != "alone" {
+		return fmt.Errorf("bench chat: --only must be whole or alone, not %q", *only)
+	}
 	// Every idle stream costs a descriptor in the bench and in each child.
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {

@@ -9,6 +9,16 @@ import (
 	"time"
 )
 
+// TestBenchChatRefusesUnknownPhase: a mistyped --only is an error naming
+// the choices, before any process starts.
+func TestBenchChatRefusesUnknownPhase(t *testing.T) {
+	var out, errs strings.Builder
+	err := benchChat(context.Background(), []string{"--only", "both"}, &out, &errs)
+	if err == nil || !strings.Contains(err.Error(), "--only must be whole or alone") || out.Len() != 0 {
+		t.Fatalf("err %v, output %q", err, out.String())
+	}
+}
+
 // TestBenchChat runs the load command small: every phase runs against real
 // processes (gateway, daemon with the built-in agent, mock model, scripted
 // daemon, bare SSE server) and every chunk the scripted daemon sends is
