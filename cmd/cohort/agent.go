@@ -44,7 +44,7 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	slog.SetDefault(log)
 	cfg.Logger = log
 	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
-		"state_dir", cfg.StateDir, "sandbox", sandbox.Available(""))
+		"state_dir", cfg.StateDir, "sandbox", sandbox.Available())
 	err = agent.Serve(ctx, cfg, stdin, stdout)
 	if err == context.Canceled {
 		return nil

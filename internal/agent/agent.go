@@ -74,8 +74,6 @@ type Config struct {
 	MaxToolOutput int
 	// MaxSteps bounds the model calls of one turn.
 	MaxSteps int
-	// Bwrap is the bubblewrap executable; "bwrap" from PATH when empty.
-	Bwrap string
 	// Version is reported at initialize.
 	Version string
 	Logger  *slog.Logger

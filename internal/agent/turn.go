@@ -401,7 +401,7 @@ func (t *turn) shell(ctx context.Context, call ToolCall) (string, error) {
 	t.s.mu.Unlock()
 	res, err := sandbox.Run(ctx, sandbox.Spec{
 		Command: args.Command, Dir: dir, Confined: confined,
-		Timeout: t.a.cfg.ShellTimeout, MaxOutput: t.a.cfg.MaxToolOutput, Bwrap: t.a.cfg.Bwrap,
+		Timeout: t.a.cfg.ShellTimeout, MaxOutput: t.a.cfg.MaxToolOutput,
 	})
 	if ctx.Err() != nil {
 		return "", errCancelled

@@ -1,12 +1,15 @@
 // Package sandbox runs the built-in agent's shell commands, either directly or
-// confined by bubblewrap (Debian package `bubblewrap`).
+// confined in a jail of their own (internal/jail: Cohort's own namespaces,
+// no helper binary).
 //
-// Confined commands see a read-only root file system, a writable work
-// directory, a private writable /tmp, no network (a fresh network namespace
-// with only `lo`) and a fresh PID namespace; they die with the agent. Both
-// modes bound the command's time and the output kept, and run it with an
-// environment scrubbed of credentials, so the model never reads the agent's
-// API key through the shell.
+// Confined commands see the agent's own file system read-only (inside an
+// intern's jail, that is the jail's view), a writable work directory, a
+// private writable /tmp, no network (a network namespace with only `lo`)
+// and a fresh PID namespace, as uid 1000 of a user namespace of their own
+// with no capabilities; they die with the agent. Both modes bound the
+// command's time and the output kept, and run it with an environment
+// scrubbed of credentials, so the model never reads the agent's API key
+// through the shell.
 package sandbox
 
 import (
@@ -14,11 +17,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/jail"
 )
 
 // Defaults for Spec fields left zero.
@@ -27,9 +34,10 @@ const (
 	DefaultMaxOutput = 64 << 10
 )
 
-// ErrUnavailable is returned when a confined run is asked for and bwrap is
-// not installed: the caller must fail closed rather than run unconfined.
-var ErrUnavailable = errors.New("sandbox unavailable: bwrap (Debian package bubblewrap) is not installed")
+// ErrUnavailable is returned when a confined run is asked for and this
+// machine cannot make the jail: the caller must fail closed rather than
+// run unconfined.
+var ErrUnavailable = errors.New("sandbox unavailable: the command's jail could not be made")
 
 // Spec describes one command.
 type Spec struct {
@@ -38,15 +46,13 @@ type Spec struct {
 	// Dir is the working directory, and the only writable directory when
 	// Confined (besides a private /tmp).
 	Dir string
-	// Confined runs the command under bubblewrap.
+	// Confined runs the command in a jail of its own.
 	Confined bool
 	// Timeout bounds the run; DefaultTimeout when zero.
 	Timeout time.Duration
 	// MaxOutput bounds the combined stdout and stderr kept; DefaultMaxOutput
 	// when zero. The rest is counted and dropped.
 	MaxOutput int
-	// Bwrap is the bwrap executable; "bwrap" from PATH when empty.
-	Bwrap string
 }
 
 // Result is what the command did.
@@ -61,24 +67,28 @@ type Result struct {
 	ExitCode int
 	// TimedOut reports that the timeout killed the command.
 	TimedOut bool
-	// Confined reports that bubblewrap confined the command.
+	// Confined reports that the command ran in its own jail.
 	Confined bool
 	// Duration is the wall time.
 	Duration time.Duration
 }
 
-// Available reports whether bwrap can be found.
-func Available(bwrap string) bool {
-	if bwrap == "" {
-		bwrap = "bwrap"
-	}
-	_, err := exec.LookPath(bwrap)
-	return err == nil
+var (
+	probeOnce sync.Once
+	probeErr  error
+)
+
+// Available reports whether confined runs can be made here (checked once).
+func Available() bool {
+	probeOnce.Do(func() {
+		probeErr = jail.Probe(jail.Spec{Inherit: true, UserNS: true})
+	})
+	return probeErr == nil
 }
 
-// Run runs the command and waits for it. Cancelling ctx kills the command's
-// whole process group and returns ctx's error; a timeout is not an error but
-// a Result with TimedOut set, because the model is told about it.
+// Run runs the command and waits for it. Cancelling ctx kills the command
+// and everything it started, and returns ctx's error; a timeout is not an
+// error but a Result with TimedOut set, because the model is told about it.
 func Run(ctx context.Context, s Spec) (Result, error) {
 	if s.Timeout <= 0 {
 		s.Timeout = DefaultTimeout
@@ -89,69 +99,99 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	if s.Dir == "" {
 		return Result{}, errors.New("sandbox: no work directory")
 	}
-	argv := []string{"sh", "-c", s.Command}
-	if s.Confined {
-		bwrap := s.Bwrap
-		if bwrap == "" {
-			bwrap = "bwrap"
-		}
-		path, err := exec.LookPath(bwrap)
-		if err != nil {
-			return Result{}, ErrUnavailable
-		}
-		argv = append([]string{path,
-			"--ro-bind", "/", "/",
-			"--dev", "/dev",
-			"--proc", "/proc",
-			// A private /tmp: many tools need a writable one, and it must not
-			// be the host's.
-			"--tmpfs", "/tmp",
-			"--bind", s.Dir, s.Dir,
-			"--chdir", s.Dir,
-			"--unshare-net",
-			"--unshare-pid",
-			"--die-with-parent",
-			"--"}, argv...)
-	}
 	runCtx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(runCtx, argv[0], argv[1:]...)
-	cmd.Dir = s.Dir
-	cmd.Env = Environ(os.Environ())
-	cmd.Stdin = nil
 	out := &capped{max: s.MaxOutput}
-	cmd.Stdout = out
-	cmd.Stderr = out
-	// Its own process group, so a timeout kills what the command started too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	// A background child holding the pipes open must not hold us past the kill.
-	cmd.WaitDelay = 2 * time.Second
 	start := time.Now()
-	err := cmd.Run()
+	var (
+		code int
+		err  error
+	)
+	if s.Confined {
+		code, err = runConfined(runCtx, s, out)
+	} else {
+		code, err = runDirect(runCtx, s, out)
+	}
 	res := Result{
 		Output:     out.buf.String(),
 		TotalBytes: out.total,
 		Truncated:  out.total > int64(out.buf.Len()),
 		Confined:   s.Confined,
 		Duration:   time.Since(start),
-		ExitCode:   -1,
-	}
-	if cmd.ProcessState != nil {
-		res.ExitCode = cmd.ProcessState.ExitCode()
+		ExitCode:   code,
 	}
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
 	if runCtx.Err() != nil {
-		res.TimedOut = true
+		res.TimedOut, res.ExitCode = true, -1
 		return res, nil
+	}
+	return res, err
+}
+
+func runDirect(ctx context.Context, s Spec, out *capped) (int, error) {
+	cmd := exec.CommandContext(ctx, "sh", "-c", s.Command)
+	cmd.Dir = s.Dir
+	cmd.Env = Environ(os.Environ())
+	cmd.Stdout, cmd.Stderr = out, out
+	// Its own process group, so a timeout kills what the command started too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A background child holding the pipes open must not hold us past the kill.
+	cmd.WaitDelay = 2 * time.Second
+	err := cmd.Run()
+	code := -1
+	if cmd.ProcessState != nil {
+		code = cmd.ProcessState.ExitCode()
 	}
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) && !errors.Is(err, exec.ErrWaitDelay) {
-		return res, fmt.Errorf("sandbox: start: %w", err)
+		return code, fmt.Errorf("sandbox: start: %w", err)
 	}
-	return res, nil
+	return code, nil
+}
+
+// runConfined runs the command as the program of a nested jail. Killing
+// the jail's init ends its PID namespace, and so everything the command
+// started.
+func runConfined(ctx context.Context, s Spec, out *capped) (int, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return -1, err
+	}
+	j, err := jail.Start(jail.Spec{
+		Argv: []string{"/bin/sh", "-c", s.Command}, Env: Environ(os.Environ()), Dir: s.Dir,
+		Inherit: true, UserNS: true, Hostname: "sandbox",
+		Binds: []jail.Bind{{Src: s.Dir, Dst: s.Dir, Writable: true}},
+	}, jail.Options{Stdout: w, Stderr: w})
+	w.Close()
+	if err != nil {
+		r.Close()
+		return -1, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	copied := make(chan struct{})
+	go func() {
+		io.Copy(out, r)
+		close(copied)
+	}()
+	select {
+	case <-j.Done():
+	case <-ctx.Done():
+		j.Process.Kill()
+	}
+	st, _ := j.Wait()
+	// Every writer is in the jail, which is gone: the pipe drains.
+	<-copied
+	r.Close()
+	code := -1
+	if st != nil {
+		code = st.ExitCode()
+	}
+	if code == 126 && bytes.HasPrefix(out.buf.Bytes(), []byte("jail: ")) {
+		return code, fmt.Errorf("%w: %s", ErrUnavailable, strings.TrimSpace(out.buf.String()))
+	}
+	return code, nil
 }
 
 // Environ returns env without variables that look like credentials: the

@@ -1,0 +1,434 @@
+package jail
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The init takes over a binary started as InitArg0, before main runs.
+func init() {
+	if len(os.Args) > 0 && os.Args[0] == InitArg0 {
+		runInit()
+	}
+}
+
+// Descriptors the caller hands the init.
+const (
+	fdSpec   = 3
+	fdRelays = 4
+	fdFirst  = 5 // the program's descriptors 3, 4, … start here
+)
+
+// fail reports a step that could not be done and ends the init.
+func fail(step string, err error, hint string) {
+	if hint != "" {
+		hint = " (" + hint + ")"
+	}
+	fmt.Fprintf(os.Stderr, "jail: %s: %v%s\n", step, err, hint)
+	os.Exit(126)
+}
+
+func runInit() {
+	// prctl settings are per thread: the program is started from this one.
+	runtime.LockOSThread()
+	var w wire
+	f := os.NewFile(fdSpec, "spec")
+	if err := json.NewDecoder(f).Decode(&w); err != nil {
+		fail("read spec", err, "")
+	}
+	f.Close()
+	s := &w.Spec
+
+	buildRoot(s)
+	if err := unix.Sethostname([]byte(orDefault(s.Hostname, "intern"))); err != nil {
+		fail("set host name", err, "")
+	}
+	if err := loopbackUp(); err != nil {
+		fail("bring up loopback", err, "")
+	}
+	var lns []*net.TCPListener
+	for _, r := range s.Relays {
+		ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: r.Port})
+		if err != nil {
+			fail("relay listener", err, "")
+		}
+		lns = append(lns, ln)
+	}
+
+	// From here on the init holds no privilege it does not need.
+	if w.Privileged {
+		if err := unix.Setgroups(nil); err != nil {
+			fail("drop groups", err, "")
+		}
+		if err := unix.Setresgid(s.GID, s.GID, s.GID); err != nil {
+			fail("set gid", err, "")
+		}
+		if err := unix.Setresuid(s.UID, s.UID, s.UID); err != nil {
+			fail("set uid", err, "")
+		}
+	}
+	// No program of the jail gains privileges by exec (setuid binaries,
+	// file capabilities), and none can read the init's memory.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		fail("no_new_privs", err, "")
+	}
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if s.Probe {
+		os.Exit(0)
+	}
+
+	if len(lns) > 0 {
+		f := os.NewFile(fdRelays, "relays")
+		rc, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			fail("relay socket", err, "")
+		}
+		uc := rc.(*net.UnixConn)
+		for i, ln := range lns {
+			go relay(ln, s.Relays[i].Kind, uc)
+		}
+	}
+
+	pid := startProgram(s, w.Privileged, w.Files)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	go func() {
+		for sig := range sigs {
+			syscall.Kill(pid, sig.(syscall.Signal))
+		}
+	}()
+	// As pid 1 the init reaps every orphan; its own exit kills the rest.
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			os.Exit(125)
+		}
+		if wpid != pid {
+			continue
+		}
+		switch {
+		case ws.Exited():
+			os.Exit(ws.ExitStatus())
+		case ws.Signaled():
+			os.Exit(128 + int(ws.Signal()))
+		}
+	}
+}
+
+// relay hands every connection accepted on ln to the caller.
+func relay(ln *net.TCPListener, kind byte, to *net.UnixConn) {
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		f, err := c.File()
+		c.Close()
+		if err != nil {
+			continue
+		}
+		_, _, err = to.WriteMsgUnix([]byte{kind}, unix.UnixRights(int(f.Fd())), nil)
+		f.Close()
+		if err != nil {
+			// The caller is gone: so is the way out.
+			return
+		}
+	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// startProgram starts the program with the descriptors the caller passed.
+func startProgram(s *Spec, privileged bool, nfiles int) int {
+	argv0 := s.Argv[0]
+	if !strings.Contains(argv0, "/") {
+		argv0 = lookPath(argv0, s.Env)
+	}
+	files := []uintptr{0, 1, 2}
+	for i := range nfiles {
+		files = append(files, uintptr(fdFirst+i))
+	}
+	sys := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
+	if !privileged {
+		// A user namespace of its own, as uid 1000: the program holds no
+		// capability over the mounts the init made.
+		sys.Cloneflags = syscall.CLONE_NEWUSER
+		sys.UidMappings = []syscall.SysProcIDMap{{ContainerID: ProgramUID, HostID: 0, Size: 1}}
+		sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: ProgramUID, HostID: 0, Size: 1}}
+		sys.Credential = &syscall.Credential{Uid: ProgramUID, Gid: ProgramUID, NoSetGroups: true}
+	}
+	pid, err := syscall.ForkExec(argv0, s.Argv, &syscall.ProcAttr{Dir: orDefault(s.Dir, "/"), Env: s.Env, Files: files, Sys: sys})
+	if err != nil {
+		fail("start "+s.Argv[0], err, "")
+	}
+	for _, fd := range files[3:] {
+		unix.Close(int(fd))
+	}
+	return pid
+}
+
+func lookPath(name string, env []string) string {
+	path := "/usr/local/bin:/usr/bin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return name
+}
+
+// buildRoot makes the jail's mount view and enters it. While it works the
+// old root is at /oldroot and the new one at /newroot, on a scratch tmpfs
+// that is detached at the end together with the old root.
+func buildRoot(s *Spec) {
+	must := func(step string, err error) {
+		if err != nil {
+			hint := ""
+			if errors.Is(err, unix.EPERM) {
+				hint = "the kernel refused a mount: inside a container, allow mount namespaces (e.g. unconfined seccomp/AppArmor) or run with --unsafe-shared-host"
+			}
+			fail(step, err, hint)
+		}
+	}
+	// Nothing mounted here propagates back to the caller's view.
+	must("make mounts private", unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""))
+	must("scratch tmpfs", unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700"))
+	for _, d := range []string{"/tmp/oldroot", "/tmp/newroot", "/tmp/files"} {
+		must("scratch dirs", os.Mkdir(d, 0o755))
+	}
+	if s.Inherit {
+		must("bind the current root", unix.Mount("/", "/tmp/newroot", "", unix.MS_BIND|unix.MS_REC, ""))
+		must("make the root read-only", setattr("/tmp/newroot", true, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID))
+	} else {
+		must("root tmpfs", unix.Mount("tmpfs", "/tmp/newroot", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"))
+	}
+	must("enter the scratch root", os.Chdir("/tmp"))
+	must("pivot_root", unix.PivotRoot("/tmp", "/tmp/oldroot"))
+	must("chdir /", os.Chdir("/"))
+
+	// A private /tmp first: a bind may sit inside it.
+	must("mkdir /tmp", os.MkdirAll("/newroot/tmp", 0o1777))
+	must("mount /tmp", unix.Mount("tmpfs", "/newroot/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"))
+	for _, b := range s.Binds {
+		must("bind "+b.Dst, bind(b))
+	}
+	if !s.Inherit {
+		must("/dev", makeDev())
+	}
+	must("mkdir /proc", os.MkdirAll("/newroot/proc", 0o555))
+	if err := unix.Mount("proc", "/newroot/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		fail("mount /proc", err, "a /proc with masked paths, as in some containers, keeps a new /proc from being mounted: give the container an unmasked /proc or run with --unsafe-shared-host")
+	}
+	for i, f := range s.Files {
+		must("file "+f.Dst, writeFile(i, f))
+	}
+	links := make([]string, 0, len(s.Symlinks))
+	for p := range s.Symlinks {
+		links = append(links, p)
+	}
+	sort.Strings(links)
+	for _, p := range links {
+		dst := "/newroot" + p
+		must("symlink "+p, os.MkdirAll(filepath.Dir(dst), 0o755))
+		if err := os.Symlink(s.Symlinks[p], dst); err != nil && !errors.Is(err, os.ErrExist) {
+			must("symlink "+p, err)
+		}
+	}
+	for _, p := range s.Hide {
+		must("hide "+p, hide("/newroot"+p))
+	}
+
+	// Enter the new root and let go of everything else.
+	must("enter the new root", os.Chdir("/newroot"))
+	must("pivot_root", unix.PivotRoot(".", "."))
+	must("detach the old root", unix.Unmount(".", unix.MNT_DETACH))
+	must("chdir /", os.Chdir("/"))
+	if !s.Inherit {
+		must("make / read-only", setattr("/", false, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV))
+	}
+}
+
+func setattr(path string, recursive bool, attr uint64) error {
+	flags := uint(0)
+	if recursive {
+		flags = unix.AT_RECURSIVE
+	}
+	return unix.MountSetattr(unix.AT_FDCWD, path, flags, &unix.MountAttr{Attr_set: attr})
+}
+
+// bind mounts one Bind; a symlink source with Src == Dst is recreated as
+// the same symlink (merged /usr: /bin → usr/bin).
+func bind(b Bind) error {
+	src, dst := "/oldroot"+b.Src, "/newroot"+b.Dst
+	lst, err := os.Lstat(src)
+	if err != nil {
+		if b.Optional && errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if lst.Mode()&os.ModeSymlink != 0 && b.Src == b.Dst {
+		target, err := os.Readlink(src)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		return os.Symlink(target, dst)
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if err := mountPoint(dst, st.IsDir()); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if !b.Writable {
+		attr |= unix.MOUNT_ATTR_RDONLY
+	}
+	return setattr(dst, true, attr)
+}
+
+// mountPoint creates an empty directory or file to mount on.
+func mountPoint(dst string, dir bool) error {
+	if dir {
+		return os.MkdirAll(dst, 0o755)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// makeDev builds a minimal /dev: the harmless character devices, the
+// usual links, a private pty instance and a private /dev/shm.
+func makeDev() error {
+	if err := os.MkdirAll("/newroot/dev", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", "/newroot/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"); err != nil {
+		return err
+	}
+	for _, d := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		src, dst := "/oldroot/dev/"+d, "/newroot/dev/"+d
+		if _, err := os.Stat(src); err != nil {
+			continue
+		}
+		if err := mountPoint(dst, false); err != nil {
+			return err
+		}
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"} {
+		if err := os.Symlink(target, "/newroot/dev/"+name); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir("/newroot/dev/"+d, 0o755); err != nil {
+			return err
+		}
+	}
+	// Terminals are optional: some agents' tools want one.
+	unix.Mount("devpts", "/newroot/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+	return unix.Mount("tmpfs", "/newroot/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777")
+}
+
+// writeFile puts a File's content at its place, read-only: written to the
+// scratch tmpfs, then bound over the destination (which may sit inside a
+// read-only bind).
+func writeFile(i int, f File) error {
+	tmp := "/files/" + strconv.Itoa(i)
+	if err := os.WriteFile(tmp, []byte(f.Content), 0o644); err != nil {
+		return err
+	}
+	dst := "/newroot" + f.Dst
+	if err := mountPoint(dst, false); err != nil {
+		return err
+	}
+	if err := unix.Mount(tmp, dst, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return setattr(dst, false, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+}
+
+// hide covers a path that exists in the new root with an empty read-only
+// directory (or an empty file).
+func hide(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return nil
+	}
+	if st.IsDir() {
+		return unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+	}
+	empty := "/files/empty"
+	if err := os.WriteFile(empty, nil, 0o444); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := unix.Mount(empty, p, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return setattr(p, false, unix.MOUNT_ATTR_RDONLY)
+}
+
+// loopbackUp brings up lo in the new network namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
