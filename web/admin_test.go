@@ -235,6 +235,17 @@ func TestInterns(t *testing.T) {
 	if in := load(); in.Model != "acme/small" {
 		t.Fatalf("model %s", in.Model)
 	}
+	// The agent is the gateway's to allow: a name outside its catalog is
+	// refused with the names it allows, and nothing changes.
+	if in := load(); in.Agent != "" {
+		t.Fatalf("created with agent %q, want the built-in one", in.Agent)
+	}
+	b.Do(t, chromedp.SetValue(css("input[aria-label='Agent of helper']"), "claude"))
+	click(t, b, "button[aria-label='Save the agent of helper']")
+	until(t, b, `[...document.querySelectorAll(".error")].some(e => e.textContent.includes('agent must be "cohort"'))`)
+	if in := load(); in.Agent != "" {
+		t.Fatalf("refused agent stored: %q", in.Agent)
+	}
 	click(t, b, "button[aria-label='Suspend helper']")
 	b.Do(t, chromedp.WaitVisible(css("button[aria-label='Resume helper']")))
 	if in := load(); in.State != store.InternSuspended {

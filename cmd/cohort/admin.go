@@ -38,9 +38,9 @@ type adminEnv struct {
 }
 
 type adminFlags struct {
-	org, user, workspace, id, name, slug, email, role, kind, model, description string
-	url, secretFile                                                             string
-	internsProgramme, workloadIdentity, vaultWrites                             bool
+	org, user, workspace, id, name, slug, email, role, kind, model, agent, description string
+	url, secretFile                                                                    string
+	internsProgramme, workloadIdentity, vaultWrites                                    bool
 }
 
 // adminFlagHooks register the flags of command groups kept in their own
@@ -234,12 +234,12 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ws)...)
 	}},
-	"intern create": {"--org ID --workspace ID --name N [--model M] [--user ID]", func(ctx context.Context, e *adminEnv) error {
+	"intern create": {"--org ID --workspace ID --name N [--model M] [--agent A] [--user ID]", func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
 		}
-		in, err := e.in.Create(ctx, p, &cohortv1.CreateInternRequest{WorkspaceId: e.f.workspace, Name: e.f.name, Model: e.f.model})
+		in, err := e.in.Create(ctx, p, &cohortv1.CreateInternRequest{WorkspaceId: e.f.workspace, Name: e.f.name, Model: e.f.model, Agent: e.f.agent})
 		if err != nil {
 			return err
 		}
@@ -261,12 +261,12 @@ var adminCmds = map[string]adminCmd{
 	"intern suspend":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Suspend)},
 	"intern resume":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Resume)},
 	"intern delete":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Delete)},
-	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M]", func(ctx context.Context, e *adminEnv) error {
+	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M] [--agent A]", func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
 		}
-		in, err := e.in.Update(ctx, p, &cohortv1.UpdateInternRequest{Id: e.f.id, Name: optional(e.f.name), Model: optional(e.f.model)})
+		in, err := e.in.Update(ctx, p, &cohortv1.UpdateInternRequest{Id: e.f.id, Name: optional(e.f.name), Model: optional(e.f.model), Agent: optional(e.f.agent)})
 		if err != nil {
 			return err
 		}
@@ -347,7 +347,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&e.json, "json", false, "print JSON")
 	for flagName, p := range map[string]*string{"org": &f.org, "user": &f.user, "workspace": &f.workspace, "id": &f.id, "name": &f.name,
-		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "description": &f.description,
+		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "agent": &f.agent, "description": &f.description,
 		"url": &f.url, "secret-file": &f.secretFile} {
 		fs.StringVar(p, flagName, "", flagName)
 	}
@@ -372,6 +372,14 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	e.cfg = cfg
 	e.acc = &accounts.Service{DB: db}
 	e.ws = &workspaces.Service{DB: db}
-	e.in = &interns.Service{DB: db}
+	// The agents an intern may name: serve's catalog, from the same
+	// variables (COHORT_AGENT_MODULES, COHORT_AGENTS, COHORT_AGENT_ENDPOINTS).
+	agentCfg := config.Default()
+	agentFlags(flag.NewFlagSet("agents", flag.ContinueOnError), &agentCfg)
+	catalog, err := agentCatalog(agentCfg)
+	if err != nil {
+		return err
+	}
+	e.in = &interns.Service{DB: db, Agents: catalog}
 	return cmd.run(ctx, e)
 }

@@ -27,21 +27,28 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/procstat"
 )
 
-// benchCmd is `cohort bench`: load measurements of the chat path.
+// benchCmd is `cohort bench`: load measurements of the chat path and the fleet.
 //
 //	cohort bench chat         the measurements (docs/benchmarks.md, Chat)
+//	cohort bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
+//	cohort bench sessions     a daemon's and its agent's memory over many sessions
 //	cohort bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	cohort bench sse-serve    a bare Go SSE server, the reference (child)
 //	cohort bench mock-daemon  an intern daemon that streams its schedule at once (child)
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("bench: want chat, mock-model, sse-serve or mock-daemon")
+		return errors.New("bench: want chat, fleet, sessions, mock-model, sse-serve or mock-daemon")
 	}
 	switch args[0] {
 	case "chat":
 		return benchChat(ctx, args[1:], stdout, stderr)
+	case "fleet":
+		return benchFleet(ctx, args[1:], stdout, stderr)
+	case "sessions":
+		return benchSessions(ctx, args[1:], stdout, stderr)
 	case "mock-model":
 		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
 	case "sse-serve":
@@ -224,19 +231,7 @@ func (c *benchChild) cpu() time.Duration {
 }
 
 // rss is the child's resident memory in bytes.
-func (c *benchChild) rss() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+func (c *benchChild) rss() int64 { return int64(procstat.RSS(c.cmd.Process.Pid)) }
 
 // bearer adds the daemon secret to every request.
 type bearer struct {
@@ -419,11 +414,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-	pct := func(v []time.Duration, p float64) time.Duration {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(p*float64(len(s))))]
-	}
+	pct := percentile
 
 	// phase measures, with the intern's daemon at url: time to first chunk,
 	// relay cost per chunk and throughput.
@@ -453,15 +444,15 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "time to first chunk (%d turns each)        p50        p99\n", *turns)
 		fmt.Fprintf(stdout, "  daemon alone (Connect)          %10v %10v\n", pct(dTTFC, .5), pct(dTTFC, .99))
 		fmt.Fprintf(stdout, "  through the gateway (REST/SSE)  %10v %10v\n", pct(gTTFC, .5), pct(gTTFC, .99))
-		fmt.Fprintf(stdout, "  added by the gateway            %10v %10v\n", pct(gTTFC, .5)-pct(dTTFC, .5), pct(gTTFC, .99)-pct(dTTFC, .99))
-		// The two turns of a pair ran back to back, so their difference is
-		// less exposed to the machine's drift than the difference of the two
-		// distributions; its median is the second estimate.
+		// What the gateway adds is measured pair by pair: the two turns of a
+		// pair ran back to back, so their difference is what the gateway
+		// added to that turn. (The difference of the two distributions'
+		// percentiles is no such thing, and can even be negative.)
 		diffs := make([]time.Duration, len(gTTFC))
 		for i := range gTTFC {
 			diffs[i] = gTTFC[i] - dTTFC[i]
 		}
-		fmt.Fprintf(stdout, "  added, median of paired turns   %10v\n", pct(diffs, .5))
+		fmt.Fprintf(stdout, "  added by the gateway, paired    %10v %10v\n", pct(diffs, .5), pct(diffs, .99))
 
 		// 2. Relay cost per chunk: the gateway's CPU per chunk relayed vs a
 		// bare Go SSE server's CPU per identical chunk written.
@@ -601,4 +592,11 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "  (bare: first failure: %v)\n", err2)
 	}
 	return nil
+}
+
+// percentile is the p-quantile (0 < p < 1) of v, nearest rank.
+func percentile(v []time.Duration, p float64) time.Duration {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
 }

@@ -33,7 +33,7 @@ func TestBenchChat(t *testing.T) {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
 	}
 	o := out.String()
-	for _, want := range []string{"== whole path", "== gateway alone", "added, median of paired turns", "ratio", "chunks/s per core"} {
+	for _, want := range []string{"== whole path", "== gateway alone", "added by the gateway, paired", "ratio", "chunks/s per core"} {
 		if strings.Count(o, want) < 1 {
 			t.Errorf("output lacks %q:\n%s", want, o)
 		}
@@ -52,5 +52,47 @@ func TestBenchChat(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^  gateway\s+5\s`).MatchString(o) {
 		t.Errorf("not every idle stream opened:\n%s", o)
+	}
+}
+
+// TestBenchFleet runs the fleet load command small against real processes:
+// sleeping interns cost no process, woken ones answer, shutdown ends them.
+func TestBenchFleet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errs strings.Builder
+	err := benchFleet(ctx, []string{"--sleeping", "60", "--awake", "4", "--wakes", "3"}, &out, &errs)
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
+	}
+	o := out.String()
+	for _, re := range []string{`\(sleeping interns: 0\)`, `sleeping intern \(wake included\): p50 \S+ p99`,
+		`4 of 4 answered a second turn`, `== 8 interns awake`, `== shutdown of 8 awake interns: \S+`, `bytes per sleeping intern`} {
+		if !regexp.MustCompile(re).MatchString(o) {
+			t.Errorf("output lacks %s:\n%s", re, o)
+		}
+	}
+}
+
+func TestBenchFleetRefusesBadCounts(t *testing.T) {
+	var out, errs strings.Builder
+	err := benchFleet(context.Background(), []string{"--sleeping", "10", "--awake", "20"}, &out, &errs)
+	if err == nil || !strings.Contains(err.Error(), "--sleeping") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// TestBenchSessions runs the sessions load command small against a real
+// daemon and agent: every session left memory after the idle TTLs.
+func TestBenchSessions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errs strings.Builder
+	if err := benchSessions(ctx, []string{"--sessions", "40", "--idle-ttl", "1s"}, &out, &errs); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
+	}
+	o := out.String()
+	if !regexp.MustCompile(`after the idle TTLs\s+\S+ MiB\s+\S+ MiB\s+0\n`).MatchString(o) || !strings.Contains(o, "sessions kept: 41") {
+		t.Fatalf("output:\n%s", o)
 	}
 }

@@ -13,6 +13,12 @@ import (
 
 // federationFlags registers serve's workload identity settings.
 func federationFlags(fs *flag.FlagSet, cfg *config.Config) {
+	fs.Func("federation-allow-hosts", "comma-separated hostnames, addresses and ranges (keycloak.internal,10.0.0.0/8) of identity providers on private addresses that discovery and JWKS fetches may reach over https; loopback and link-local only by range, 169.254.169.254 never (COHORT_FEDERATION_ALLOW_HOSTS)", func(v string) error {
+		cfg.FederationAllowHosts = splitList(v)
+		_, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts)
+		return err
+	})
+	cfg.FederationAllowHosts = splitList(env("COHORT_FEDERATION_ALLOW_HOSTS", ""))
 	fs.StringVar(&cfg.RedisURL, "redis-url", env("COHORT_REDIS_URL", cfg.RedisURL), "redis://… to share rate limits between replicas; empty keeps them in memory (COHORT_REDIS_URL)")
 	fs.StringVar(&cfg.ExtraCAFile, "extra-ca-file", env("COHORT_EXTRA_CA_FILE", cfg.ExtraCAFile), "PEM certificates trusted in addition to the system roots when fetching identity provider keys (COHORT_EXTRA_CA_FILE)")
 	fs.StringVar(&cfg.TokenIssuer, "token-issuer", env("COHORT_TOKEN_ISSUER", cfg.TokenIssuer), "iss and aud of federation access tokens; set it to the public base URL (COHORT_TOKEN_ISSUER)")
@@ -33,7 +39,11 @@ func startFederation(ctx context.Context, srv *server.Server, cfg config.Config)
 	}
 	fed := &srv.Federation.Config
 	fed.TokenIssuer = cfg.TokenIssuer
-	fed.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots})
+	allow, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
+	}
+	fed.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots, Allow: allow})
 	var closeRedis func() error
 	if cfg.RedisURL != "" {
 		rdb, err := ratelimit.OpenRedis(ctx, cfg.RedisURL)

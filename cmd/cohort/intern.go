@@ -8,11 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/interns"
@@ -35,14 +38,25 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		secretFile   = fs.String("secret-file", env("COHORT_INTERN_SECRET_FILE", ""), "file holding the secret callers must present; or set COHORT_INTERN_SECRET (COHORT_INTERN_SECRET_FILE)")
 		agentCommand = fs.String("agent-command", env("COHORT_AGENT_COMMAND", ""), "the ACP agent to run, split on spaces; default: this executable with \"agent\" (COHORT_AGENT_COMMAND)")
 		model        = fs.String("model", env("COHORT_MODEL", ""), "the model configured on the intern, passed to the agent (COHORT_MODEL)")
+		agentName    = fs.String("agent", env("COHORT_AGENT", ""), "a known third-party agent to run instead of --agent-command: "+strings.Join(knownAgents(), ", ")+" (COHORT_AGENT; docs/agents.md)")
+		agentModules = fs.String("agent-modules", env("COHORT_AGENT_MODULES", ""), "with --agent, the node_modules directory it is installed in (npm install --no-save in agents/) (COHORT_AGENT_MODULES)")
+		agentBaseURL = fs.String("agent-base-url", env("COHORT_AGENT_PROVIDER_URL", ""), "with --agent, the model API base URL it calls; default: its provider's (COHORT_AGENT_PROVIDER_URL)")
+		agentKey     = fs.String("agent-key-placeholder", "", "with --agent, the API key it sends (a jail's relay puts the real one in its place)")
 		deadline     = fs.Duration("interaction-deadline", envDuration("COHORT_INTERACTION_DEADLINE", 5*time.Minute), "how long a question waits before its run is cancelled (COHORT_INTERACTION_DEADLINE)")
 		retain       = fs.Int("retain-events", envInt("COHORT_RETAIN_EVENTS", 10000), "events kept per run for replay (COHORT_RETAIN_EVENTS)")
 		retainBytes  = fs.Int("retain-bytes", envInt("COHORT_RETAIN_BYTES", 4<<20), "bytes of events kept per run for replay (COHORT_RETAIN_BYTES)")
 		maxPaused    = fs.Int("max-paused-runs", envInt("COHORT_MAX_PAUSED_RUNS", 256), "runs held open across a question; past it new turns get 503 busy (COHORT_MAX_PAUSED_RUNS)")
+		sessionTTL   = fs.Duration("session-idle-ttl", envDuration("COHORT_SESSION_IDLE_TTL", 11*time.Minute), "a session no run has used this long leaves the daemon's memory; its file brings it back (COHORT_SESSION_IDLE_TTL; keep it below the agent's)")
+		maxPerCaller = fs.Int("max-paused-runs-per-caller", envInt("COHORT_MAX_PAUSED_RUNS_PER_CALLER", 32), "of those, the most one caller (a user, or a key) may hold; past it that caller's new turns get 503 busy (COHORT_MAX_PAUSED_RUNS_PER_CALLER)")
 		initTimeout  = fs.Duration("init-timeout", envDuration("COHORT_INIT_TIMEOUT", 30*time.Second), "how long the agent may take to answer initialize (COHORT_INIT_TIMEOUT)")
 		logLevel     = fs.String("log-level", env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 		gatewayURL   = fs.String("gateway-url", env("COHORT_GATEWAY_URL", ""), "the gateway's API base (http://host:port/api/v1): the http_request tool asks its vault for secrets with the daemon secret (COHORT_GATEWAY_URL)")
 		toolCAFile   = fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the http_request tool trusts besides the system roots (COHORT_HTTP_TOOL_CA_FILE)")
+		toolProxy    = fs.String("http-tool-proxy", env("COHORT_HTTP_TOOL_PROXY", ""), "HTTP proxy the http_request tool sends every request through (a jail's egress relay), http://host:port (COHORT_HTTP_TOOL_PROXY)")
+		listenFD     = fs.Int("listen-fd", -1, "serve on this inherited listening socket instead of --listen (set by the local provisioner)")
+		secretFD     = fs.Int("secret-fd", -1, "read the secret from this inherited descriptor, then close it (set by the local provisioner)")
+		jailed       = fs.Bool("jail", envBool("COHORT_INTERN_JAIL", false), "run the daemon and its agent in a jail of their own, as the local provisioner does: for several daemons on one host (COHORT_INTERN_JAIL)")
+		jailRO       = fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "with --jail, comma-separated host paths bound read-only into the jail besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -54,7 +68,15 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	secret, err := readSecret(*secretFile)
+	// Nothing else of this user (the agent, its commands) may read the
+	// daemon's memory or /proc entries: the secret lives there.
+	nonDumpable()
+	var secret string
+	if *secretFD >= 0 {
+		secret, err = readSecretFD(*secretFD)
+	} else {
+		secret, err = readSecret(*secretFile)
+	}
 	if err != nil {
 		return err
 	}
@@ -62,19 +84,67 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	var proxy *url.URL
+	if *toolProxy != "" {
+		if proxy, err = url.Parse(*toolProxy); err != nil || proxy.Scheme != "http" || proxy.Host == "" {
+			return fmt.Errorf("--http-tool-proxy must be http://host:port, not %q", *toolProxy)
+		}
+	}
+	if *jailed {
+		pass := []string{"--log-level", *logLevel, "--interaction-deadline", deadline.String(),
+			"--retain-events", strconv.Itoa(*retain), "--retain-bytes", strconv.Itoa(*retainBytes),
+			"--max-paused-runs", strconv.Itoa(*maxPaused), "--max-paused-runs-per-caller", strconv.Itoa(*maxPerCaller),
+			"--session-idle-ttl", sessionTTL.String(),
+			"--init-timeout", initTimeout.String()}
+		if *agentCommand != "" {
+			pass = append(pass, "--agent-command", *agentCommand)
+		}
+		ro := splitList(*jailRO)
+		if *agentName != "" {
+			modules, err := filepath.Abs(*agentModules)
+			if err != nil {
+				return err
+			}
+			ro = append(ro, modules)
+			pass = append(pass, "--agent", *agentName, "--agent-modules", modules, "--agent-key-placeholder", modelKeyPlaceholder)
+		}
+		if *toolCAFile != "" {
+			ca, err := filepath.Abs(*toolCAFile)
+			if err != nil {
+				return err
+			}
+			ro = append(ro, ca)
+			pass = append(pass, "--http-tool-ca-file", ca)
+		}
+		return runJailedDaemon(ctx, jailedDaemon{listen: *listen, dataDir: *dataDir, internID: *internID, model: *model,
+			secret: secret, gatewayURL: *gatewayURL, readOnly: ro, hide: []string{*secretFile}, args: pass}, stdout, stderr, log)
+	}
 	argv := strings.Fields(*agentCommand)
 	if len(argv) == 0 {
 		argv = []string{self, "agent"}
 	}
-	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv,
+	var agentEnv []string
+	if *agentName != "" {
+		if argv, agentEnv, err = installAgent(*agentName, *agentModules, *agentBaseURL, *agentKey, *model, *dataDir); err != nil {
+			return err
+		}
+	}
+	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv,
 		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
-		MaxPausedRuns: *maxPaused, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
-		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots}})
+		MaxPausedRuns: *maxPaused, MaxPausedPerCaller: *maxPerCaller, SessionIdleTTL: *sessionTTL, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
+		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	ln, err := net.Listen("tcp", *listen)
+	var ln net.Listener
+	if *listenFD >= 0 {
+		f := os.NewFile(uintptr(*listenFD), "listener")
+		ln, err = net.FileListener(f)
+		f.Close() // the listener holds its own descriptor, closed on exec
+	} else {
+		ln, err = net.Listen("tcp", *listen)
+	}
 	if err != nil {
 		return err
 	}
@@ -124,6 +194,22 @@ func readSecret(file string) (string, error) {
 	return "", errors.New("a secret is required: --secret-file or COHORT_INTERN_SECRET")
 }
 
+// readSecretFD reads the secret from an inherited descriptor (a pipe the
+// provisioner wrote) and closes it, so no child inherits it.
+func readSecretFD(fd int) (string, error) {
+	f := os.NewFile(uintptr(fd), "secret")
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return "", fmt.Errorf("secret descriptor: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", errors.New("secret descriptor is empty")
+	}
+	return s, nil
+}
+
 func envInt(name string, def int) int {
 	if v, ok := os.LookupEnv(name); ok {
 		if n, err := strconv.Atoi(v); err == nil {
@@ -162,4 +248,42 @@ func internRegister(ctx context.Context, e *adminEnv) error {
 		return err
 	}
 	return e.printOne(interns.Proto(in))
+}
+
+// installAgent prepares a known third-party agent in the intern's data
+// directory (its own HOME, its configuration pointing at baseURL) and
+// returns its argv and environment.
+func installAgent(name, modules, baseURL, key, model, dataDir string) ([]string, []string, error) {
+	p, ok := agents.Lookup(name)
+	if !ok {
+		return nil, nil, fmt.Errorf("--agent must be one of %s, not %q", strings.Join(knownAgents(), ", "), name)
+	}
+	if modules == "" {
+		return nil, nil, fmt.Errorf("--agent %s needs --agent-modules, the node_modules directory it is installed in", name)
+	}
+	if baseURL == "" {
+		baseURL = p.Provider
+	}
+	if key == "" {
+		// The agent insists on a key; without a jail's relay none is
+		// substituted (docs/agents.md).
+		key = modelKeyPlaceholder
+	}
+	home, err := filepath.Abs(filepath.Join(dataDir, "home"))
+	if err != nil {
+		return nil, nil, err
+	}
+	env, err := p.Install(agents.Setup{BaseURL: baseURL, Key: key, Model: model, Home: home})
+	if err != nil {
+		return nil, nil, fmt.Errorf("prepare agent %s: %w", name, err)
+	}
+	return p.Command(modules), env, nil
+}
+
+func knownAgents() []string {
+	var out []string
+	for _, p := range agents.All() {
+		out = append(out, p.Name)
+	}
+	return out
 }

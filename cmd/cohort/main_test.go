@@ -208,3 +208,50 @@ func TestServeRejectsBadTurnRate(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// The fleet's flags refuse malformed values, naming the flag; nothing
+// starts.
+func TestServeRejectsBadFleetFlags(t *testing.T) {
+	t.Parallel()
+	for _, c := range [][]string{
+		{"--intern-idle-timeout", "ten"}, {"--intern-idle-timeout", "-1s"},
+		{"--max-awake-interns", "many"}, {"--max-awake-interns", "-2"},
+		{"--intern-start-concurrency", "0"}, {"--intern-start-concurrency", "1.5"},
+	} {
+		dir := t.TempDir()
+		var out, errOut syncBuf
+		err := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir}, c...), &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), c[0]) || !strings.Contains(err.Error(), c[1]) {
+			t.Errorf("%v: err = %v", c, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cohort.db")); err == nil {
+			t.Errorf("%v: a database was created", c)
+		}
+	}
+}
+
+// The chat and interaction timing settings refuse malformed or
+// non-positive values, naming the flag.
+func TestServeRejectsBadTimings(t *testing.T) {
+	t.Parallel()
+	for _, c := range [][]string{
+		{"--chat-keepalive", "soon"}, {"--chat-keepalive", "0s"}, {"--first-event-timeout", "-1s"},
+		{"--event-timeout", "x"}, {"--interaction-deadline", "0"},
+	} {
+		var out, errOut syncBuf
+		err := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, c...), &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), c[0]) {
+			t.Errorf("%v: err = %v", c, err)
+		}
+	}
+}
+
+// A malformed --federation-allow-hosts entry stops serve, naming the flag.
+func TestServeRejectsBadAllowHosts(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuf
+	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--federation-allow-hosts", "10.0.0.0/8,10.0.0.0/40"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "federation-allow-hosts") || !strings.Contains(err.Error(), "10.0.0.0/40") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -6,14 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
+
+	"github.com/uptrace/bun"
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/vault"
 )
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -27,15 +34,31 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
+	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
+	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	federationFlags(fs, &cfg)
-	chatFlags(fs, &cfg)
+	metricsListen := fs.String("metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
+	chat := chatFlags(fs, &cfg)
+	fleet := fleetFlags(fs, &cfg)
+	agentFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := chat(); err != nil {
+		return err
+	}
+	if err := fleet(); err != nil {
 		return err
 	}
 	if cfg.Provisioner != provision.Local && cfg.Provisioner != provision.Remote {
 		return fmt.Errorf("--provisioner must be local or remote, not %q", cfg.Provisioner)
 	}
+	catalog, err := agentCatalog(cfg)
+	if err != nil {
+		return err
+	}
 	cfg.RegionalHosts = splitList(*regional)
+	cfg.JailReadOnly = splitList(*jailRO)
 	log, err := newLogger(stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -67,6 +90,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
+	srv.ChatSSE.Keepalive = cfg.ChatKeepalive
+	srv.Chat.FirstEventTimeout, srv.Chat.EventTimeout = cfg.FirstEventTimeout, cfg.EventTimeout
 	stopChat, err := startChat(ctx, srv, cfg)
 	if err != nil {
 		return err
@@ -78,7 +103,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
-		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand}
+		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand,
+		IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
+		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog}
+	srv.Interns.Agents = catalog
+	prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
+		return srv.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
+	}
+	if cfg.Provisioner == provision.Local {
+		stopJails, err := jailInterns(prov, srv, cfg, ln.Addr(), stderr)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopJails()
+	}
 	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
 	defer prov.Close()
 	if err := prov.Start(ctx); err != nil {
@@ -90,6 +129,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopFederation()
+	if *metricsListen != "" {
+		stopMetrics, err := serveMetrics(*metricsListen, ln.Addr(), db, srv, prov, stdout, log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
 	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
@@ -132,4 +178,48 @@ func localGatewayURL(a net.Addr) string {
 		host = "127.0.0.1"
 	}
 	return "http://" + net.JoinHostPort(host, port) + server.Prefix
+}
+
+// fleetFlags declares the local fleet's flags; the returned func checks
+// them after parsing, naming the flag (and its variable) that is wrong.
+func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
+	idle := fs.String("intern-idle-timeout", env("COHORT_INTERN_IDLE_TIMEOUT", cfg.InternIdleTimeout.String()), "with local, an intern with no run, paused run or open stream for this long sleeps (its jail stops; the next turn wakes it); 0 never (COHORT_INTERN_IDLE_TIMEOUT)")
+	maxAwake := fs.String("max-awake-interns", env("COHORT_MAX_AWAKE_INTERNS", "0"), "with local, at most this many interns awake; at the cap the least recently used idle one sleeps; 0 no cap (COHORT_MAX_AWAKE_INTERNS)")
+	conc := fs.String("intern-start-concurrency", env("COHORT_INTERN_START_CONCURRENCY", strconv.Itoa(cfg.InternStartConcurrency)), "with local, at most this many interns starting at once (COHORT_INTERN_START_CONCURRENCY)")
+	return func() error {
+		d, err := time.ParseDuration(*idle)
+		if err != nil || d < 0 {
+			return fmt.Errorf("--intern-idle-timeout (COHORT_INTERN_IDLE_TIMEOUT): %q is not a duration such as 10m or 30s (0 disables sleep)", *idle)
+		}
+		cfg.InternIdleTimeout = d
+		n, err := strconv.Atoi(*maxAwake)
+		if err != nil || n < 0 {
+			return fmt.Errorf("--max-awake-interns (COHORT_MAX_AWAKE_INTERNS): %q is not a whole number ≥ 0", *maxAwake)
+		}
+		cfg.MaxAwakeInterns = n
+		n, err = strconv.Atoi(*conc)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--intern-start-concurrency (COHORT_INTERN_START_CONCURRENCY): %q is not a whole number ≥ 1", *conc)
+		}
+		cfg.InternStartConcurrency = n
+		return nil
+	}
+}
+
+// serveMetrics counts what the gateway does and serves it, in the
+// Prometheus format, on a listener of its own (never the API's).
+func serveMetrics(addr string, api net.Addr, db *bun.DB, srv *server.Server, prov *provision.Provisioner, stdout io.Writer, log *slog.Logger) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	m := metrics.New(db)
+	srv.Metrics, srv.Chat.Observer, srv.Federation.OnExchange, srv.Vault.Observe, prov.OnWake = m, m, m.Exchange, m.Vault, m.Wake
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	go hs.Serve(ln)
+	fmt.Fprintf(stdout, "Metrics on http://%s/metrics\n", ln.Addr())
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return func() { hs.Close() }, nil
 }

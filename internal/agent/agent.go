@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Defaults for Config fields left zero.
@@ -62,6 +64,13 @@ type Config struct {
 	// StateDir, when set, keeps each session's history in a file so that
 	// session/load works across restarts.
 	StateDir string
+	// SessionIdleTTL, with StateDir, is how long a session without a prompt
+	// stays in memory (default 30 minutes): then only its file remains,
+	// and session/load brings it back. It must exceed the client's own
+	// bound (the intern daemon forgets idle sessions after 11 minutes and
+	// loads them again), so a client never prompts a session the agent
+	// forgot.
+	SessionIdleTTL time.Duration
 	// IdleTimeout bounds a model call's wait for its first byte and between
 	// chunks.
 	IdleTimeout time.Duration
@@ -87,6 +96,9 @@ func (c *Config) defaults() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.SessionIdleTTL <= 0 {
+		c.SessionIdleTTL = 30 * time.Minute
 	}
 	if c.MaxSteps <= 0 {
 		c.MaxSteps = DefaultMaxSteps
@@ -131,6 +143,7 @@ type Agent struct {
 
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session
+	sweep    sync.Once // starts forgetIdle
 }
 
 var _ acp.Agent = (*Agent)(nil)
@@ -194,6 +207,8 @@ type session struct {
 	// mcp are the tools of the MCP servers the client gave the session
 	// (not persisted: the client gives them again on session/load).
 	mcp []mcpTool
+	// used is when the session was last created, loaded or prompted.
+	used time.Time
 }
 
 func (s *session) currentModel() string {
@@ -238,7 +253,8 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	s := &session{id: acp.SessionId("sess_" + hex.EncodeToString(raw[:])), cwd: a.workDir(p.Cwd), mode: mode, model: model,
-		mcp: a.connectMCP(ctx, p.McpServers)}
+		mcp: a.connectMCP(ctx, p.McpServers), used: time.Now()}
+	a.startForgetting()
 	a.mu.Lock()
 	a.sessions[s.id] = s
 	a.mu.Unlock()
@@ -278,9 +294,12 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 	}
 	a.mu.Unlock()
 	remote := a.connectMCP(ctx, p.McpServers)
+	a.startForgetting()
 	s.mu.Lock()
 	s.mode = mode
+	old := s.mcp
 	s.mcp = remote
+	s.used = time.Now()
 	if p.Cwd != "" {
 		s.cwd = a.workDir(p.Cwd)
 	}
@@ -290,6 +309,7 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 	history := append([]Message(nil), s.history...)
 	model = s.model
 	s.mu.Unlock()
+	closeMCP(old) // the client's earlier connections for this session
 	for _, m := range history {
 		var u acp.SessionUpdate
 		switch {
@@ -323,12 +343,27 @@ func (a *Agent) workDir(cwd string) string {
 
 func (a *Agent) session(id acp.SessionId) (*session, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	s, ok := a.sessions[id]
-	if !ok {
-		return nil, acp.NewInvalidParams(map[string]any{"error": fmt.Sprintf("unknown session %q", id)})
+	a.mu.Unlock()
+	if ok {
+		return s, nil
 	}
-	return s, nil
+	// Forgotten while idle (or from an earlier process): its file brings
+	// it back, without the MCP tools a session/load would give it.
+	if a.cfg.StateDir != "" {
+		if s, err := a.load(id); err == nil {
+			s.used = time.Now()
+			a.mu.Lock()
+			if old, ok := a.sessions[id]; ok {
+				s = old
+			} else {
+				a.sessions[id] = s
+			}
+			a.mu.Unlock()
+			return s, nil
+		}
+	}
+	return nil, acp.NewInvalidParams(map[string]any{"error": fmt.Sprintf("unknown session %q", id)})
 }
 
 // SetSessionConfigOption implements acp.Agent: the `model` option accepts
@@ -449,3 +484,74 @@ func (a *Agent) CloseSession(ctx context.Context, p acp.CloseSessionRequest) (ac
 
 // errCancelled ends a turn with stop reason cancelled.
 var errCancelled = errors.New("turn cancelled")
+
+// startForgetting starts, once, the sweep that forgets idle sessions (only
+// with a state directory: without one a forgotten session would be lost).
+func (a *Agent) startForgetting() {
+	if a.cfg.StateDir == "" {
+		return
+	}
+	a.sweep.Do(func() {
+		every := min(a.cfg.SessionIdleTTL/2, time.Minute)
+		var t *time.Timer
+		t = time.AfterFunc(every, func() {
+			a.forgetIdle()
+			t.Reset(every)
+		})
+	})
+}
+
+// forgetIdle drops from memory the sessions without a prompt for
+// SessionIdleTTL, and closes their MCP connections; their files stay.
+func (a *Agent) forgetIdle() {
+	cutoff := time.Now().Add(-a.cfg.SessionIdleTTL)
+	a.mu.Lock()
+	var idle []*session
+	for _, s := range a.sessions {
+		idle = append(idle, s)
+	}
+	a.mu.Unlock()
+	forgotten := 0
+	for _, s := range idle {
+		if !s.turn.TryLock() { // a prompt is running
+			continue
+		}
+		s.mu.Lock()
+		stale := s.used.Before(cutoff)
+		tools := s.mcp
+		if stale {
+			s.mcp = nil
+		}
+		s.mu.Unlock()
+		if stale {
+			a.mu.Lock()
+			if a.sessions[s.id] == s {
+				delete(a.sessions, s.id)
+				forgotten++
+			}
+			a.mu.Unlock()
+			closeMCP(tools)
+		}
+		s.turn.Unlock()
+	}
+	if forgotten > 0 {
+		a.mu.Lock()
+		live := len(a.sessions)
+		a.mu.Unlock()
+		a.cfg.Logger.Info("agent: idle sessions left memory", "forgotten", forgotten, "live", live)
+		// Give what they held back to the kernel now (at most once a
+		// sweep): the Go runtime would keep it for minutes.
+		debug.FreeOSMemory()
+	}
+}
+
+// closeMCP closes the client sessions behind tools (several tools share one).
+func closeMCP(tools []mcpTool) {
+	seen := map[*mcp.ClientSession]bool{}
+	for _, t := range tools {
+		if t.cs != nil && !seen[t.cs] {
+			seen[t.cs] = true
+			t.cs.Close()
+		}
+	}
+}

@@ -212,7 +212,7 @@ func TestDemoShellManualAllowOnceIsSandboxed(t *testing.T) {
 	h := start(t, agent.Config{}, nil)
 	h.client.OnPermission = agenttest.Select(agent.OptionAllowOnce)
 	outside := t.TempDir()
-	resp := h.mustPrompt(t, "$ echo hi > f && cat f && tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' && touch "+outside+"/x", agent.ModeManual)
+	resp := h.mustPrompt(t, "$ echo hi > /tmp/f && cat /tmp/f && (touch f 2>/dev/null || echo ro) && tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' && touch "+outside+"/x", agent.ModeManual)
 	if resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -234,13 +234,13 @@ func TestDemoShellManualAllowOnceIsSandboxed(t *testing.T) {
 		t.Fatalf("permission request %+v", p)
 	}
 	text := h.client.Text()
-	// The command ran in the work dir, saw only loopback, and could not
-	// write outside.
-	if !strings.Contains(text, `"output":"hi\nlo\n`) || !strings.Contains(text, `"sandboxed":true`) {
+	// The command wrote only its private /tmp (the work dir is read-only
+	// until escalation), saw only loopback, and could not write outside.
+	if !strings.Contains(text, `"output":"hi\nro\nlo\n`) || !strings.Contains(text, `"sandboxed":true`) {
 		t.Fatalf("text %q", text)
 	}
-	if b, err := os.ReadFile(filepath.Join(h.dir, "f")); err != nil || string(b) != "hi\n" {
-		t.Fatalf("work dir file: %q %v", b, err)
+	if _, err := os.Stat(filepath.Join(h.dir, "f")); err == nil {
+		t.Fatal("the sandboxed command wrote its work dir")
 	}
 	if _, err := os.Stat(filepath.Join(outside, "x")); err == nil {
 		t.Fatal("sandboxed command wrote outside the work dir")
@@ -833,5 +833,32 @@ func TestCancelDuringQuestionAndCommand(t *testing.T) {
 				t.Fatalf("after cancel: %q", h.client.Text())
 			}
 		})
+	}
+}
+
+// With a state directory, a session without a prompt for SessionIdleTTL
+// leaves memory; a later prompt (or session/load) brings it back from its
+// file, history included.
+func TestIdleSessionsLeaveMemory(t *testing.T) {
+	state := t.TempDir()
+	h := start(t, agent.Config{StateDir: state, SessionIdleTTL: 100 * time.Millisecond}, nil)
+	h.mustPrompt(t, "remember this", agent.ModeSelfDrive)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.logs.String(), `"msg":"agent: idle sessions left memory","forgotten":1,"live":0`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle session stayed in memory:\n%s", h.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp := h.mustPrompt(t, "and this", agent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
+		t.Fatalf("prompt after leaving memory: %v", resp.StopReason)
+	}
+	// A second client loads it: both prompts are in its history.
+	h2 := start(t, agent.Config{StateDir: state}, nil)
+	if _, err := h2.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: h.session, Cwd: h.dir, McpServers: []acp.McpServer{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h2.client.Text(); !strings.Contains(got, "remember this") || !strings.Contains(got, "and this") {
+		t.Fatalf("history after leaving memory: %q", got)
 	}
 }

@@ -2,7 +2,7 @@
 // (ACP) agent. It speaks ACP over stdio (github.com/coder/acp-go-sdk) and
 // drives any OpenAI-compatible chat-completions endpoint with streaming, or
 // the offline model `cohort/demo`. Its tools are `shell` (approval-bearing,
-// sandboxed by bubblewrap in manual mode) and `ask_user` (an ACP elicitation).
+// sandboxed in manual mode by a nested jail, internal/jail) and `ask_user` (an ACP elicitation).
 //
 // # ACP methods
 //

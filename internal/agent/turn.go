@@ -143,7 +143,13 @@ func (a *Agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 	t := &turn{a: a, s: s, mode: mode, model: s.currentModel()}
 	s.mu.Lock()
 	s.history = append(s.history, Message{Role: "user", Content: text})
+	s.used = time.Now()
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.used = time.Now()
+		s.mu.Unlock()
+	}()
 	start := time.Now()
 	stop, err := t.run(ctx)
 	t.closeOpenCalls()

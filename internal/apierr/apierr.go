@@ -16,6 +16,9 @@ type Error struct {
 	Reason  string // the spec's reason, or "" where the spec's body has none
 	Message string // safe for clients: never a secret, never an internal detail
 	Cause   error  // logged, never shown
+	// RetryAfter, when positive, is sent as Retry-After (seconds) on both
+	// doors: when a refused caller may try again.
+	RetryAfter int
 }
 
 func (e *Error) Error() string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
 
@@ -53,6 +54,9 @@ func ToConnect(err error) error {
 	out := connect.NewError(codeFor(e.Status), errors.New(e.Message))
 	if d, derr := connect.NewErrorDetail(&cohortv1.ErrorDetail{Reason: e.Reason, HttpStatus: int32(e.Status)}); derr == nil {
 		out.AddDetail(d)
+	}
+	if e.RetryAfter > 0 {
+		out.Meta().Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	return out
 }
@@ -117,7 +121,10 @@ func (i interceptor) convert(ctx context.Context, procedure string, err error) e
 		}
 		return ToConnect(err)
 	}
-	if e := From(err); e.Status >= 500 && i.log != nil {
+	// A Connect error the framework raised (a request past the read bound,
+	// a malformed envelope) keeps its code's status: the caller's fault is
+	// not logged as ours.
+	if e := FromConnect(err); e.Status >= 500 && i.log != nil {
 		i.log.ErrorContext(ctx, "request failed", "procedure", procedure, "status", e.Status, "reason", e.Reason, "err", e.Cause)
 	}
 	return ToConnect(err)

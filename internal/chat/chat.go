@@ -14,6 +14,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
@@ -58,6 +59,23 @@ type RowDaemons interface {
 	ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
 }
 
+// Observer is told what streams do: opened (with the wait for the
+// intern's first event, which the first chunk follows at once), closed,
+// refused before the stream (by reason), and how each run's stream ended
+// (outcome "stop", "paused", "ended" or "error", with the error's reason).
+type Observer interface {
+	Opened(firstEvent time.Duration)
+	Closed()
+	Refused(reason string)
+	Finished(outcome, reason string)
+}
+
+// Waker is a Daemons that can wake a sleeping intern (the local
+// provisioner): Wake returns the row once the intern runs, or the refusal.
+type Waker interface {
+	Wake(ctx context.Context, in *store.Intern) (*store.Intern, error)
+}
+
 // DefaultTurnRate is the turn rate per user or organization when none is
 // configured (docs/decisions.md): 60 turns a minute, in bursts of 60.
 var DefaultTurnRate = ratelimit.PerMinute(60)
@@ -71,6 +89,9 @@ type Service struct {
 	Limiter ratelimit.Limiter
 	// Log records limiter failures; nil discards them.
 	Log *slog.Logger
+	// Observer receives the chat's measurements (internal/metrics); nil
+	// drops them.
+	Observer Observer
 	// FirstEventTimeout and EventTimeout override the defaults when > 0.
 	FirstEventTimeout time.Duration
 	EventTimeout      time.Duration
@@ -112,7 +133,7 @@ func (s *Service) newID() string {
 
 // ErrDeparted is the 403 (without a reason) for a key whose creator left the
 // organization and holds no grant.
-var ErrDeparted = apierr.Forbidden("the creator of this key has left the organization")
+var ErrDeparted = interns.ErrDeparted
 
 // Admit runs the caller checks that come before the body is even read:
 // authentication happened, the interns programme (plain 404) and the
@@ -126,6 +147,16 @@ func (s *Service) Admit(p *auth.Principal) error {
 		return ErrDeparted
 	}
 	return nil
+}
+
+// Caller names who asks, for the daemon's bound on one caller's paused
+// runs: the user for a personal key (it acts as that user), else the key
+// (a federation access token is the key it acts as).
+func Caller(p *auth.Principal) string {
+	if p.KeyKind == store.KeyPersonal && p.UserID != "" {
+		return "user:" + p.UserID
+	}
+	return "key:" + p.KeyID
 }
 
 // RateKey is the limiter key of a principal: the user for a personal key
@@ -153,7 +184,17 @@ func (s *Service) OpenPreloaded(ctx context.Context, p *auth.Principal, req *coh
 	return s.open(ctx, p, req, func() (*store.Intern, error) { return pl.Get(p) })
 }
 
-func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (*Stream, error) {
+func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (_ *Stream, err error) {
+	if s.Observer != nil {
+		began := s.now()
+		defer func() {
+			if err != nil {
+				s.Observer.Refused(apierr.From(err).Reason)
+			} else {
+				s.Observer.Opened(s.now().Sub(began))
+			}
+		}()
+	}
 	if err := s.Admit(p); err != nil {
 		return nil, err
 	}
@@ -161,15 +202,20 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	if err != nil {
 		return nil, err
 	}
+	if t.start != nil {
+		t.start.Caller = Caller(p)
+	}
 	in, err := load()
 	if err != nil {
 		return nil, err
 	}
-	if in.State != store.InternRunning {
+	waker, _ := s.Daemons.(Waker)
+	wake := waker != nil && (in.State == store.InternSleeping || in.State == store.InternProvisioning)
+	if in.State != store.InternRunning && !wake {
 		return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
 	}
 	if t.answer == nil && s.Limiter != nil {
-		ok, _, err := s.Limiter.Allow(ctx, RateKey(p))
+		ok, retry, err := s.Limiter.Allow(ctx, RateKey(p))
 		if err != nil {
 			// A limiter that failed (Redis down) does not take chat down
 			// with it: the turn goes ahead, and the failure is logged.
@@ -179,11 +225,22 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 			ok = true
 		}
 		if !ok {
-			return nil, apierr.New(http.StatusTooManyRequests, "rate_limited", "too many turns; retry later")
+			e := apierr.New(http.StatusTooManyRequests, "rate_limited", "too many turns; retry later")
+			e.RetryAfter = max(1, int(math.Ceil(retry.Seconds())))
+			return nil, e
 		}
 	}
 	if s.Daemons == nil {
 		return nil, errUnreachable.WithCause(errors.New("no daemon provisioner configured"))
+	}
+	if wake {
+		// The caller's stream starts once the intern is up: only later.
+		if in, err = waker.Wake(ctx, in); err != nil {
+			return nil, err
+		}
+		if in.State != store.InternRunning {
+			return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
+		}
 	}
 
 	dctx, cancel := context.WithCancel(ctx)
@@ -248,7 +305,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	}
 	st.arm(s.eventTimeout())
 	st.translate(ev)
-	opened = true
+	opened, st.opened = true, true
 	return st, nil
 }
 

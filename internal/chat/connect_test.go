@@ -100,3 +100,17 @@ func TestConnectDoor(t *testing.T) {
 		}
 	})
 }
+
+// A request past the Connect door's read bound is the caller's error
+// (resource exhausted), not a server fault: nothing is logged as a 500.
+func TestOversizedConnectRequestIsNotAFault(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	_, err := connectStream(e, e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID,
+		Messages: []*cohortv1.ChatMessage{{Role: "system", Content: ptr(strings.Repeat("x", 1<<20))}, {Role: "user", Content: ptr("hi")}}})
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("err %v", err)
+	}
+	if logs := e.Logs(); strings.Contains(logs, `"status":500`) || strings.Contains(logs, "level=ERROR") || strings.Contains(logs, `"level":"ERROR"`) {
+		t.Fatalf("logged as a fault:\n%s", logs)
+	}
+}

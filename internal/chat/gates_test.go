@@ -3,6 +3,7 @@ package chat_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,8 +134,24 @@ func TestTurnRate(t *testing.T) {
 			}
 		}
 		n := e.d.ncalls()
-		status, body, _ := e.chat(t, userBody("hi"))
+		status, body, h := e.chat(t, userBody("hi"))
 		wantRefusal(t, status, body, 429, "rate_limited")
+		// Two turns an hour: the next one is due in half an hour.
+		if ra, err := strconv.Atoi(h.Get("Retry-After")); err != nil || ra < 1700 || ra > 1800 {
+			t.Errorf("Retry-After %q", h.Get("Retry-After"))
+		}
+		// The Connect door says the same in the error's metadata.
+		_, cerr := connectStream(e, e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID,
+			Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr("hi")}}})
+		var ce *connect.Error
+		if !errors.As(cerr, &ce) || ce.Code() != connect.CodeResourceExhausted || ce.Meta().Get("Retry-After") != h.Get("Retry-After") {
+			t.Errorf("connect refusal: %v (Retry-After %q)", cerr, func() string {
+				if ce != nil {
+					return ce.Meta().Get("Retry-After")
+				}
+				return ""
+			}())
+		}
 		if e.d.ncalls() != n {
 			t.Error("the daemon was called past the limit")
 		}

@@ -174,9 +174,16 @@ func TestRequestReachesDaemon(t *testing.T) {
 		mustOK(userBody("second", `,"approval_mode":"manual","session_id":"sess-9"`))
 		mustOK(`{"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a "},{"type":"text","text":"b"}]}]}`)
 		mustOK(toolBody("sess-9", "int-7", `{"action":"accept","content":{"colour":"red"}}`))
-		// The Content-Type is not enforced: `curl -d` sends a form type.
-		for _, ct := range []string{"", "application/x-www-form-urlencoded", "text/plain"} {
+		// JSON, declared as such or not declared; another type is a 415
+		// that says what to send, and reaches no daemon.
+		for _, ct := range []string{"", "application/json; charset=utf-8", "application/vnd.api+json"} {
 			if status, b, _ := e.Do(t, "POST", "/interns/"+e.InternID+"/chat/completions", e.WorkspaceKey, ct, userBody("typed")); status != 200 {
+				t.Errorf("content type %q: %d %s", ct, status, b)
+			}
+		}
+		for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x", "nonsense;;"} {
+			status, b, _ := e.Do(t, "POST", "/interns/"+e.InternID+"/chat/completions", e.WorkspaceKey, ct, userBody("typed"))
+			if status != 415 || !strings.Contains(b, `"reason":"bad_request"`) || !strings.Contains(b, "application/json") {
 				t.Errorf("content type %q: %d %s", ct, status, b)
 			}
 		}
@@ -192,6 +199,10 @@ func TestRequestReachesDaemon(t *testing.T) {
 		for i := range want {
 			if starts[i].GetPrompt() != want[i].GetPrompt() || starts[i].GetSessionId() != want[i].GetSessionId() || starts[i].GetApprovalMode() != want[i].GetApprovalMode() {
 				t.Errorf("start %d = %v, want %v", i, starts[i], want[i])
+			}
+			// The workspace key is the caller the daemon bounds.
+			if !strings.HasPrefix(starts[i].GetCaller(), "key:") || len(starts[i].GetCaller()) < 10 {
+				t.Errorf("start %d caller %q", i, starts[i].GetCaller())
 			}
 		}
 		if len(answers) != 1 || answers[0].GetSessionId() != "sess-9" || answers[0].GetInteractionId() != "int-7" ||

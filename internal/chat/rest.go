@@ -74,6 +74,9 @@ func DecodeRequest(body []byte) (*cohortv1.StreamChatCompletionRequest, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierr.BadRequest("request body is empty: want a JSON object")
 	}
+	if err := httpx.CheckText(body); err != nil {
+		return nil, err
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		var te *json.UnmarshalTypeError

@@ -31,6 +31,7 @@ const (
 // Next must be called from one goroutine; Close may be called from any.
 type Stream struct {
 	svc     *Service
+	opened  bool            // counted as an open stream (Observer) until release
 	ctx     context.Context // the caller's
 	cancel  context.CancelFunc
 	id      string
@@ -92,6 +93,9 @@ func (s *Stream) release() {
 		return
 	}
 	s.closed = true
+	if s.opened && s.svc.Observer != nil {
+		s.svc.Observer.Closed()
+	}
 	if s.timer != nil {
 		s.timer.Stop()
 	}
@@ -285,6 +289,14 @@ func (s *Stream) translate(ev *interndv1.RunEvent) {
 		// closed (drain); the ones queued before it do not wait for that.
 		s.drainDue, s.undrained = true, len(s.queue)
 		f := x.Finished
+		if o := s.svc.Observer; o != nil {
+			outcome := map[interndv1.Finished_Reason]string{interndv1.Finished_REASON_STOP: "stop",
+				interndv1.Finished_REASON_PAUSED: "paused", interndv1.Finished_REASON_ENDED: "ended"}[f.GetReason()]
+			if outcome == "" {
+				outcome = "error"
+			}
+			o.Finished(outcome, f.GetErrorReason())
+		}
 		switch f.GetReason() {
 		case interndv1.Finished_REASON_STOP:
 			s.finish(model, "stop")

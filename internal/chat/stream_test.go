@@ -16,6 +16,8 @@ import (
 	"github.com/uptrace/bun"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -304,5 +306,31 @@ func TestServerTimeoutsDoNotCutStreams(t *testing.T) {
 	chunks, _ := parseStream(t, string(b))
 	if finishOf(chunks) != "stop" || len(chunks) != 9 {
 		t.Errorf("%d chunks:\n%s", len(chunks), b)
+	}
+
+	// The Connect door (the console's), in both codecs: the same stream
+	// outlives the same timeouts.
+	for _, codec := range []connect.ClientOption{connect.WithProtoJSON(), connect.WithClientOptions()} {
+		client := cohortv1connect.NewChatServiceClient(hs.Client(), hs.URL+server.Prefix, codec)
+		r := connect.NewRequest(&cohortv1.StreamChatCompletionRequest{InternId: e.InternID,
+			Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr("x")}}})
+		r.Header().Set("Authorization", "Bearer "+e.WorkspaceKey)
+		st, err := client.StreamChatCompletion(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, finish := 0, ""
+		for st.Receive() {
+			n++
+			for _, c := range st.Msg().GetChunk().GetChoices() {
+				if c.GetFinishReason() != "" {
+					finish = c.GetFinishReason()
+				}
+			}
+		}
+		st.Close()
+		if err := st.Err(); err != nil || n != 9 || finish != "stop" {
+			t.Errorf("connect stream: %d chunks, finish %q, err %v", n, finish, err)
+		}
 	}
 }

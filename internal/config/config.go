@@ -47,6 +47,37 @@ type Config struct {
 	// AgentCommand, when set, is the ACP agent the local provisioner's
 	// daemons run instead of `cohort agent`.
 	AgentCommand string
+	// AgentModules is the node_modules directory the known third-party
+	// agents are installed in; Agents are custom "name=command" agents and
+	// AgentEndpoints "name=URL" model endpoints of known ones. Together the
+	// catalog of agents an intern may name (internal/agents).
+	AgentModules   string
+	Agents         []string
+	AgentEndpoints []string
+	// UnsafeSharedHost runs local interns unjailed, as the gateway's own
+	// user on its own host: only for machines that cannot make jails and
+	// interns whose users are trusted with the gateway's keys.
+	UnsafeSharedHost bool
+	// JailReadOnly are extra host paths bound read-only into every jail
+	// (an agent's runtime installed outside /usr, say).
+	JailReadOnly []string
+	// InternIdleTimeout puts an idle local intern to sleep (0: never).
+	InternIdleTimeout time.Duration
+	// MaxAwakeInterns caps the awake local interns (0: no cap).
+	MaxAwakeInterns int
+	// InternStartConcurrency bounds local daemons starting at once.
+	InternStartConcurrency int
+	// ChatKeepalive is the silence after which a chat stream sends a
+	// keepalive comment; FirstEventTimeout the request budget until the
+	// daemon's first event; EventTimeout the longest silence of an open
+	// stream's daemon.
+	ChatKeepalive, FirstEventTimeout, EventTimeout time.Duration
+	// InteractionDeadline is how long a question waits, passed to every
+	// local intern's daemon.
+	InteractionDeadline time.Duration
+	// FederationAllowHosts are the non-public identity provider hosts and
+	// ranges discovery and JWKS fetches may reach.
+	FederationAllowHosts []string
 }
 
 // Default returns the defaults the README documents.
@@ -60,5 +91,13 @@ func Default() Config {
 		TokenIssuer:     "cohort",
 		ExchangeRate:    "60/m",
 		TurnRate:        "60/m",
+
+		InternIdleTimeout:      10 * time.Minute,
+		InternStartConcurrency: 4,
+
+		ChatKeepalive:       30 * time.Second,
+		FirstEventTimeout:   30 * time.Second,
+		EventTimeout:        10 * time.Minute,
+		InteractionDeadline: 5 * time.Minute,
 	}
 }

@@ -24,13 +24,18 @@ import (
 // processes an operator would run.
 var cohortBin string
 
+// e2eDir holds the binaries the tests build: cohort in bin/ (which jails
+// hide, as the gateway's binary directory), stand-in agents beside it.
+var e2eDir string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "cohort-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cohortBin = filepath.Join(dir, "cohort")
+	e2eDir = dir
+	cohortBin = filepath.Join(dir, "bin", "cohort")
 	build := exec.Command("go", "build", "-o", cohortBin, "github.com/cohort-dev/cohort/cmd/cohort")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -79,7 +84,14 @@ var addrRE = regexp.MustCompile(`listening on (http://\S+)`)
 // start runs cohort with args and env and waits for its address line.
 func start(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startIn(t, "", name, env, args...)
+}
+
+// startIn is start in the working directory dir ("" for this one).
+func startIn(t *testing.T, dir, name string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(cohortBin, args...)
+	cmd.Dir = dir
 	cmd.Env = append(cleanEnv(), env...)
 	p := &proc{name: name, cmd: cmd, stderr: &syncBuf{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr

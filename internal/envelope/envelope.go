@@ -12,6 +12,7 @@ package envelope
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -33,6 +34,7 @@ type KEK struct {
 	aead    tink.AEAD
 	modTime time.Time
 	primary uint32
+	ids     map[uint32]bool // the key ids loaded
 }
 
 // ErrUnwrap is returned when wrapped material does not open: wrong key,
@@ -91,8 +93,12 @@ func (k *KEK) reload() error {
 	if err != nil {
 		return fmt.Errorf("key-encryption key %s: %w", k.path, err)
 	}
+	ids := map[uint32]bool{}
+	for _, ki := range h.KeysetInfo().GetKeyInfo() {
+		ids[ki.GetKeyId()] = true
+	}
 	k.mu.Lock()
-	k.aead, k.modTime, k.primary = a, mod, h.KeysetInfo().GetPrimaryKeyId()
+	k.aead, k.modTime, k.primary, k.ids = a, mod, h.KeysetInfo().GetPrimaryKeyId(), ids
 	k.mu.Unlock()
 	return nil
 }
@@ -137,7 +143,17 @@ func writeKeyset(path string, h *keyset.Handle, exclusive bool) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	// The rename itself must be durable before anything is wrapped under
+	// the new key: after a power loss the old file would come back.
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Wrap encrypts key material, bound to ad (who the material belongs to).
@@ -148,16 +164,23 @@ func (k *KEK) Wrap(plaintext, ad []byte) ([]byte, error) {
 	return a.Encrypt(plaintext, ad)
 }
 
-// Unwrap decrypts what Wrap produced with the same ad. When that fails and
-// the KEK file changed since it was loaded (a rotation), it reloads once.
+// Unwrap decrypts what Wrap produced with the same ad. When that fails
+// and the ciphertext names a key id not loaded, or the KEK file changed
+// since it was loaded (a rotation, perhaps within the file system's
+// timestamp granularity), it reloads once.
 func (k *KEK) Unwrap(ciphertext, ad []byte) ([]byte, error) {
 	k.mu.RLock()
-	a, mod := k.aead, k.modTime
+	a, mod, ids := k.aead, k.modTime, k.ids
 	k.mu.RUnlock()
 	if pt, err := a.Decrypt(ciphertext, ad); err == nil {
 		return pt, nil
 	}
-	if st, err := os.Stat(k.path); err == nil && !st.ModTime().Equal(mod) {
+	unknown := false
+	// Tink's prefix: 0x01, then the key id, big-endian.
+	if len(ciphertext) > 5 && ciphertext[0] == 1 {
+		unknown = !ids[binary.BigEndian.Uint32(ciphertext[1:5])]
+	}
+	if st, err := os.Stat(k.path); err == nil && (unknown || !st.ModTime().Equal(mod)) {
 		if k.reload() == nil {
 			k.mu.RLock()
 			a = k.aead
@@ -179,6 +202,13 @@ type kekAEAD struct{ k *KEK }
 func (a kekAEAD) Encrypt(pt, ad []byte) ([]byte, error) { return a.k.Wrap(pt, ad) }
 func (a kekAEAD) Decrypt(ct, ad []byte) ([]byte, error) { return a.k.Unwrap(ct, ad) }
 
+// HasKey reports whether key id is among the keys loaded.
+func (k *KEK) HasKey(id uint32) bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.ids[id]
+}
+
 // PrimaryKeyID is the id of the KEK key new wraps use.
 func (k *KEK) PrimaryKeyID() uint32 {
 	k.mu.RLock()
@@ -188,8 +218,17 @@ func (k *KEK) PrimaryKeyID() uint32 {
 
 // Rotate adds a fresh key to the KEK file at path and makes it primary.
 // Old keys stay so existing wrapped material still opens until re-wrapped.
-// It returns the new primary key id.
+// It returns the new primary key id once the file holding it is durably
+// on disk. Concurrent rotations (other processes included) wait for each
+// other on an exclusive lock beside the file, so none drops another's key;
+// a rotation killed midway leaves the old file or the new one, never a
+// mix.
 func Rotate(path string) (uint32, error) {
+	unlock, err := lockFile(path + ".lock")
+	if err != nil {
+		return 0, fmt.Errorf("lock the key-encryption key: %w", err)
+	}
+	defer unlock()
 	h, _, err := readKeyset(path)
 	if err != nil {
 		return 0, err

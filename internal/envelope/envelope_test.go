@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,5 +99,73 @@ func TestRefusesWorldReadableFile(t *testing.T) {
 	os.WriteFile(filepath.Join(filepath.Dir(path), "bad.json"), []byte("{}"), 0o600)
 	if _, err := envelope.Load(filepath.Join(filepath.Dir(path), "bad.json")); err == nil {
 		t.Fatal("garbage KEK file accepted")
+	}
+}
+
+// Rotations that run at once (other processes included: each takes the
+// file lock through its own descriptor) each keep their key: none rewrites
+// the file from a stale read.
+func TestConcurrentRotationsKeepEveryKey(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "kek.json")
+	if _, err := envelope.LoadOrCreate(path); err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	ids := make(chan uint32, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := envelope.Rotate(path)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids <- id
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	k, err := envelope.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every rotation's key is in the file: material wrapped under it opens.
+	for id := range ids {
+		if !k.HasKey(id) {
+			t.Errorf("key %d of a concurrent rotation was dropped", id)
+		}
+	}
+}
+
+// A server meeting a key id it has not loaded reloads the file even when
+// the file's timestamp looks unchanged (a rotation within the file
+// system's timestamp granularity, or a restored mtime).
+func TestUnwrapReloadsOnUnknownKeyID(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "kek.json")
+	server, err := envelope.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(path)
+	if _, err := envelope.Rotate(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := envelope.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := rotated.Wrap([]byte("new data key"), []byte("vault:x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pt, err := server.Unwrap(ct, []byte("vault:x")); err != nil || string(pt) != "new data key" {
+		t.Fatalf("unwrap under an unloaded key: %q %v", pt, err)
 	}
 }

@@ -218,6 +218,11 @@ func (s *Service) evaluate(ctx context.Context, pol *policyRow, tok *SubjectToke
 	if tok.Kid == "" {
 		return nil, tr.fail(checkAlgorithm, "the token header has no kid")
 	}
+	// RFC 7515 §4.1.11: a recipient that does not understand an extension
+	// listed in crit must reject the token; we understand none.
+	if _, ok := tok.Header["crit"]; ok {
+		return nil, tr.fail(checkAlgorithm, "the token header's crit names extensions this service does not implement")
+	}
 	tr.pass(checkAlgorithm, tok.Alg)
 
 	ks, err := s.stores.get(ctx, pol.issuer())
@@ -433,7 +438,7 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 		if tr.failed == "" {
 			rec.FailedCheck, rec.Detail = "internal", "internal error"
 		}
-		s.audit.record(ctx, rec)
+		s.recordExchange(ctx, rec)
 		switch {
 		case errors.Is(err, errRefused):
 			return nil, errInvalidGrant
@@ -456,11 +461,11 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 	at, err := s.signer.issue(ctx, claims)
 	if err != nil {
 		rec.Outcome, rec.FailedCheck, rec.Detail = "refused", "internal", "signing failed"
-		s.audit.record(ctx, rec)
+		s.recordExchange(ctx, rec)
 		return nil, apierr.Internal(err)
 	}
 	rec.Outcome, rec.TokenID = "issued", jti
-	s.audit.record(ctx, rec)
+	s.recordExchange(ctx, rec)
 	return &ExchangeResult{AccessToken: at, IssuedTokenType: TokenTypeAccessToken, TokenType: "Bearer",
 		ExpiresIn: v.lifetime, Scope: scopeInference}, nil
 }
@@ -495,4 +500,12 @@ func (s *Service) DryRun(ctx context.Context, p *auth.Principal, policyID, subje
 	}
 	tr.notRun()
 	return &cohortv1.DryRunResponse{WouldIssue: tr.failed == "", Steps: tr.steps, FailedCheck: tr.failed}, nil
+}
+
+// recordExchange audits an exchange and counts it (Service.OnExchange).
+func (s *Service) recordExchange(ctx context.Context, rec *store.FederationExchange) {
+	s.audit.record(ctx, rec)
+	if s.OnExchange != nil {
+		s.OnExchange(rec.Outcome, rec.FailedCheck)
+	}
 }

@@ -88,6 +88,9 @@ type Service struct {
 	Now func() time.Time
 	// Config holds the tunables; see Settings.
 	Config Settings
+	// OnExchange, when set, counts each exchange by outcome ("issued",
+	// "refused") and the check that refused it (internal/metrics).
+	OnExchange func(outcome, failedCheck string)
 
 	defaultsOnce sync.Once
 	defLimiter   ratelimit.Limiter

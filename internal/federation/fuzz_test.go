@@ -1,73 +1,62 @@
 package federation_test
 
 import (
-	"strings"
+	"encoding/json"
+	"net/http"
 	"testing"
-	"unicode/utf8"
 
-	"github.com/cohort-dev/cohort/internal/federation"
+	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
-// FuzzParseTokenForm: any body either parses into a request that obeys
-// every field rule, or is refused with an OAuth error; it never panics.
-// Seeds live in testdata/fuzz/FuzzParseTokenForm and run with go test.
-func FuzzParseTokenForm(f *testing.F) {
-	f.Add([]byte(exchangeForm("a.b.c", "p")))
-	f.Add([]byte(exchangeForm("a.b.c", "p", "scope", "inference", "audience", "x", "audience", "y")))
-	f.Add([]byte("grant_type=%zz&subject_token=%"))
-	f.Add([]byte("&&&=&=="))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := federation.ParseTokenForm(body)
-		if err != nil {
-			var oe *federation.OAuthError
-			if !asOAuthErr(err, &oe) || oe.Status != 400 || oe.Code == "" {
-				t.Fatalf("error %v is not a 400 OAuth error", err)
+// FuzzTokenEndpoint: whatever the form and its Content-Type, the token
+// endpoint answers an RFC 6749 error body ({"error": code[,
+// "error_description": text]}) with no-store headers, or a token; never a
+// 5xx other than 503 temporarily_unavailable.
+func FuzzTokenEndpoint(f *testing.F) {
+	p := newIDP(f)
+	fd := newFed(f, storetest.SQLite(f), p)
+	good := p.token(f, kidRSA, p.claims())
+	for _, seed := range [][2]string{
+		{exchangeForm(good, fd.policyID), "application/x-www-form-urlencoded"},
+		{exchangeForm(good, fd.policyID), "application/json"},
+		{"grant_type=client_credentials", "application/x-www-form-urlencoded"},
+		{exchangeForm("a.b.c", fd.policyID), "application/x-www-form-urlencoded"},
+		{exchangeForm(good, fd.policyID) + "&subject_token=x", "application/x-www-form-urlencoded"},
+		{"%zz=1", "application/x-www-form-urlencoded"},
+		{"", ""},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, body, ct string) {
+		if !testenv.SendableHeader(ct) {
+			t.Skip()
+		}
+		status, resp, h := fd.Do(t, http.MethodPost, "/oauth/token", "", ct, body)
+		if h.Get("Cache-Control") != "no-store" {
+			t.Fatalf("%d without no-store: %s", status, resp)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(resp), &out); err != nil {
+			t.Fatalf("%d: body is not JSON: %q", status, resp)
+		}
+		switch {
+		case status == http.StatusOK:
+			if _, ok := out["access_token"].(string); !ok {
+				t.Fatalf("200 without a token: %s", resp)
 			}
-			return
-		}
-		if r.GrantType != federation.GrantTokenExchange || r.SubjectTokenType != federation.TokenTypeJWT ||
-			r.SubjectToken == "" || len(r.SubjectToken) > federation.MaxSubjectToken || r.PolicyID == "" ||
-			(r.Scope != "" && r.Scope != "inference") ||
-			(r.RequestedTokenType != "" && r.RequestedTokenType != federation.TokenTypeAccessToken) {
-			t.Fatalf("accepted a request breaking a rule: %+v", r)
-		}
-	})
-}
-
-func asOAuthErr(err error, target **federation.OAuthError) bool {
-	e, ok := err.(*federation.OAuthError)
-	*target = e
-	return ok
-}
-
-// FuzzParseSubjectToken: the JWT pre-checks never panic; what they accept
-// is a three-part token within 16 KB whose claims, once CheckLimits
-// passes, are within the spec's bounds.
-func FuzzParseSubjectToken(f *testing.F) {
-	f.Add(b64([]byte(`{"alg":"RS256","kid":"k"}`)) + "." + b64([]byte(`{"sub":"a","aud":["b"],"scopes":["c"],"exp":1e10}`)) + ".c2ln")
-	f.Add(b64([]byte(`{"alg":"none"}`)) + "." + b64([]byte(`{"sub":"a","SUB":"b"}`)) + ".")
-	f.Add(b64([]byte(`{"alg":"ES256"}`)) + "." + b64([]byte(`{"sub":"a","sub":"b"}`)) + ".x")
-	f.Add(strings.Repeat(".", 64))
-	f.Add("a.b.c")
-	f.Fuzz(func(t *testing.T, raw string) {
-		tok, err := federation.ParseSubjectToken(raw)
-		if err != nil {
-			return
-		}
-		if len(raw) > federation.MaxSubjectToken || strings.Count(raw, ".") != 2 || !strings.HasPrefix(raw, tok.SigningInput+".") {
-			t.Fatalf("accepted %q", raw)
-		}
-		if tok.Claims == nil || tok.Header == nil {
-			t.Fatal("nil maps")
-		}
-		if tok.CheckLimits() != nil {
-			return
-		}
-		if s, ok := tok.Claims["sub"].(string); ok && utf8.RuneCountInString(s) > federation.MaxSubLength {
-			t.Fatalf("sub of %d characters passed", utf8.RuneCountInString(s))
-		}
-		if sc, ok := tok.Claims["scopes"].([]any); ok && len(sc) > federation.MaxScopes {
-			t.Fatalf("%d scopes passed", len(sc))
+		case status >= 400 && status < 500, status == http.StatusServiceUnavailable:
+			code, ok := out["error"].(string)
+			if !ok || code == "" || len(out) > 2 {
+				t.Fatalf("%d: not an RFC 6749 error body: %s", status, resp)
+			}
+			if d, has := out["error_description"]; has {
+				if _, ok := d.(string); !ok {
+					t.Fatalf("%d: error_description %v", status, d)
+				}
+			}
+		default:
+			t.Fatalf("status %d for %q (%q): %s", status, body, ct, resp)
 		}
 	})
 }

@@ -83,6 +83,7 @@ func TestInvalidGrantIsOneAnswer(t *testing.T) {
 			{"HS256 keyed with the public key", exchangeForm(sign(t, `{"alg":"HS256","kid":"rsa-1"}`, mustJSON(p.claims()), pubPEM), f.policyID), "algorithm"},
 			{"ES384", exchangeForm(sign(t, `{"alg":"ES384","kid":"ec-1"}`, mustJSON(p.claims()), p384Key), f.policyID), "algorithm"},
 			{"no kid", exchangeForm(sign(t, `{"alg":"RS256"}`, mustJSON(p.claims()), rsaKey), f.policyID), "algorithm"},
+			{"crit names an unknown extension", exchangeForm(sign(t, `{"alg":"RS256","kid":"rsa-1","crit":["exp-ext"],"exp-ext":1}`, mustJSON(p.claims()), rsaKey), f.policyID), "algorithm"},
 			{"unknown kid", exchangeForm(p.token(t, "nope", p.claims()), f.policyID), "signature"},
 			{"ES256 header on the RSA key", exchangeForm(sign(t, `{"alg":"ES256","kid":"rsa-1"}`, mustJSON(p.claims()), ecKey), f.policyID), "signature"},
 			{"RS256 header on the EC key", exchangeForm(sign(t, `{"alg":"RS256","kid":"ec-1"}`, mustJSON(p.claims()), rsaKey), f.policyID), "signature"},

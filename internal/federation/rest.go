@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/httpx"
@@ -65,7 +66,13 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 	tooLarge := &OAuthError{Status: http.StatusRequestEntityTooLarge, Code: "invalid_request",
 		Description: "the body must be under 32 KB (at most 32767 bytes)"}
 	if r.ContentLength > MaxTokenBody {
+		httpx.Drain(w, r.Body)
 		writeOAuth(w, tooLarge)
+		return
+	}
+	// A form is small: an encoded one is refused, never parsed as if plain.
+	if enc := strings.TrimSpace(r.Header.Get("Content-Encoding")); enc != "" && !strings.EqualFold(enc, "identity") {
+		writeOAuth(w, invalidRequest("Content-Encoding is not supported here: send the form as is"))
 		return
 	}
 	// One allocation of the announced size (bounded above), not
@@ -76,6 +83,7 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
+			httpx.Drain(w, r.Body)
 			writeOAuth(w, tooLarge)
 			return
 		}

@@ -2,8 +2,6 @@ package httptool
 
 import (
 	"fmt"
-	"net"
-	"net/netip"
 	"syscall"
 
 	"github.com/cohort-dev/cohort/internal/safehttp"
@@ -12,41 +10,25 @@ import (
 // guard decides which addresses a request may connect to. It runs in the
 // dialer's Control hook, after DNS resolution, on the address actually
 // dialled: a DNS answer that changes between a check and the connection
-// cannot get past it, and neither can a redirect. The public-address rule
-// is safehttp's (one list of non-public ranges for the service); the tool
-// adds the machine's own addresses.
+// cannot get past it, and neither can a redirect. The rule is safehttp's
+// (public addresses, never the machine's own).
 type guard struct {
-	allowLoopback bool
-	own           map[netip.Addr]bool
+	dial *safehttp.DialGuard
+	// proxy is the one address dialled when a proxy carries the requests
+	// (the jail's egress relay, which applies the same rule itself).
+	proxy string
 }
 
-// newGuard collects the machine's own (non-loopback) interface addresses:
-// the service never sends a request to itself, even on a public address.
 func newGuard(allowLoopback bool) *guard {
-	g := &guard{allowLoopback: allowLoopback, own: map[netip.Addr]bool{}}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLoopback() {
-				g.own[p.Addr().Unmap()] = true
-			}
-		}
-	}
-	return g
+	return &guard{dial: safehttp.NewDialGuard(allowLoopback)}
 }
 
-func (g *guard) control(network, address string, _ syscall.RawConn) error {
-	switch network {
-	case "tcp", "tcp4", "tcp6":
-	default:
-		return fmt.Errorf("%w: network %s", safehttp.ErrRefusedAddress, network)
+func (g *guard) control(network, address string, c syscall.RawConn) error {
+	if g.proxy != "" {
+		if address == g.proxy {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is not the proxy", safehttp.ErrRefusedAddress, address)
 	}
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("%w: %s", safehttp.ErrRefusedAddress, address)
-	}
-	ip := ap.Addr().Unmap()
-	if g.own[ip] {
-		return fmt.Errorf("%w: %s is one of this service's own addresses", safehttp.ErrRefusedAddress, ip)
-	}
-	return safehttp.CheckAddr(ip, g.allowLoopback)
+	return g.dial.Control(network, address, c)
 }

@@ -142,6 +142,11 @@ type Options struct {
 	// api.example.com → the loopback test server). The guard still checks
 	// the address.
 	Resolve func(host string) string
+	// Proxy, when set, carries every request (CONNECT for https): the
+	// daemon in a jail reaches the internet only through its egress relay,
+	// which applies the public-address rule itself. The guard lets the
+	// connection to the proxy's own address through, and nothing else.
+	Proxy *url.URL
 }
 
 // Tool executes http_request calls.
@@ -177,8 +182,13 @@ func New(o Options) *Tool {
 			return dialer.DialContext(ctx, network, addr)
 		}
 	}
+	var proxy func(*http.Request) (*url.URL, error) // nil: a proxy would dial for us, past the guard
+	if o.Proxy != nil {
+		proxy = http.ProxyURL(o.Proxy)
+		g.proxy = o.Proxy.Host
+	}
 	tr := &http.Transport{
-		Proxy:                  nil, // a proxy would dial for us, past the guard
+		Proxy:                  proxy,
 		DialContext:            dial,
 		TLSClientConfig:        tlsConf,
 		ForceAttemptHTTP2:      true,

@@ -1,14 +1,17 @@
 package httptool_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -330,5 +333,59 @@ func TestResponseBoundAndMalformedArguments(t *testing.T) {
 	}
 	if len(up.all()) != 2 {
 		t.Fatalf("refused calls reached the server: %+v", up.all())
+	}
+}
+
+// In a jail the tool reaches the internet only through the egress proxy:
+// every request is a CONNECT to it (the destination resolved there), and
+// nothing is dialled directly.
+func TestRequestsGoThroughTheProxy(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	seen := make(chan string, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				seen <- req.Method + " " + req.Host
+				dst, err := net.Dial("tcp", up.srv.Listener.Addr().String()) // the proxy's own resolution
+				if err != nil {
+					return
+				}
+				defer dst.Close()
+				io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n")
+				go io.Copy(dst, br)
+				io.Copy(c, dst)
+			}()
+		}
+	}()
+	proxy, _ := url.Parse("http://" + ln.Addr().String())
+	tool := httptool.New(httptool.Options{ExtraRoots: []*x509.Certificate{up.srv.Certificate()}, Proxy: proxy,
+		// Were anything dialled directly, it would go here and be refused.
+		Resolve: func(string) string { return "127.0.0.1" }})
+	res, err := tool.Do(context.Background(), &httptool.Args{URL: up.url("api.example.com", "/hello")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != 200 {
+		t.Fatalf("through the proxy: %+v", res)
+	}
+	_, port, _ := net.SplitHostPort(up.srv.Listener.Addr().String())
+	if got := <-seen; got != "CONNECT api.example.com:"+port {
+		t.Fatalf("the proxy saw %q", got)
 	}
 }

@@ -4,29 +4,99 @@ package httpx
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
 )
 
-// ReadBody reads at most limit bytes of r's body. A longer body is a 413
-// with the given reason.
-func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason string) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+// ReadBody reads at most limit bytes of r's JSON body. A longer body is a
+// 413 with the given reason; a body declared as anything but JSON is a 415
+// (JSONType). A gzip body (Content-Encoding: gzip) is
+// decompressed, the limit applying to what it decompresses to; any other
+// encoding is a 415, never read as if it were plain.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason string) (_ []byte, err error) {
+	if err := JSONType(r.Header.Get("Content-Type")); err != nil {
+		Drain(w, r.Body)
+		return nil, err
+	}
+	tooLarge := apierr.New(http.StatusRequestEntityTooLarge, reason, "request body exceeds %d bytes", limit)
+	orig := r.Body
+	defer func() {
+		if err != nil && errors.Is(err, tooLarge) {
+			Drain(w, orig)
+		}
+	}()
+	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	gz := false
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(src)
+		if err != nil {
+			var mb *http.MaxBytesError
+			if errors.As(err, &mb) {
+				return nil, tooLarge
+			}
+			return nil, apierr.BadRequest("the gzip request body does not decompress")
+		}
+		defer zr.Close()
+		src, gz = io.LimitReader(zr, limit+1), true
+	default:
+		return nil, apierr.New(http.StatusUnsupportedMediaType, "bad_request", "Content-Encoding %q is not supported: send the body as is, or gzip", enc)
+	}
+	body, err := io.ReadAll(src)
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			return nil, apierr.New(http.StatusRequestEntityTooLarge, reason, "request body exceeds %d bytes", limit)
+			return nil, tooLarge
+		}
+		if gz {
+			return nil, apierr.BadRequest("the gzip request body does not decompress")
 		}
 		return nil, apierr.BadRequest("could not read request body")
 	}
+	if int64(len(body)) > limit {
+		return nil, tooLarge
+	}
 	return body, nil
+}
+
+// JSONType accepts the Content-Type of a JSON body: application/json or
+// any type/subtype+json, with any parameters, or none at all (a client
+// that says nothing is read as JSON). text/plain, forms and the rest are
+// a 415 that says what to send.
+func JSONType(ct string) error {
+	if strings.TrimSpace(ct) == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	return apierr.New(http.StatusUnsupportedMediaType, "bad_request",
+		"Content-Type %q is not JSON: send Content-Type: application/json (with curl: -H 'Content-Type: application/json')", ct)
+}
+
+// drainLimit bounds what is read and dropped of a refused body.
+const drainLimit = 32 << 20
+
+// Drain reads and drops the rest of a body refused as too large (up to
+// drainLimit, for at most 30 s), so that a client that sends its whole
+// body before reading gets the JSON 413 instead of a reset connection.
+func Drain(w http.ResponseWriter, body io.Reader) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	io.CopyN(io.Discard, body, drainLimit)
 }
 
 // DecodeStrict decodes a JSON object into dst (a pointer to a struct). It
@@ -36,6 +106,9 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason string
 func DecodeStrict(body []byte, dst any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return apierr.BadRequest("request body is empty: want a JSON object")
+	}
+	if err := CheckText(body); err != nil {
+		return err
 	}
 	known := jsonFields(reflect.TypeOf(dst).Elem())
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -174,6 +247,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error, withReason bo
 	e := apierr.From(err)
 	if e.Status >= 500 {
 		LogFault(r, e)
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	body := ErrorBody{Error: ErrorObject{Code: e.Status, Message: e.Message}}
 	if withReason && e.Reason != "" && e.Status != http.StatusInternalServerError {

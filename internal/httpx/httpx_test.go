@@ -1,6 +1,12 @@
 package httpx_test
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -93,3 +99,104 @@ func TestWriteErrorHidesInternals(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// A gzip body is read decompressed, the limit counting what it
+// decompresses to (a small bomb is refused); another encoding is a 415;
+// a body that is not gzip though it says so is a 400.
+func TestReadBodyEncodings(t *testing.T) {
+	t.Parallel()
+	gz := func(s string) io.Reader {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		zw.Write([]byte(s))
+		zw.Close()
+		return &b
+	}
+	read := func(body io.Reader, enc string) ([]byte, error) {
+		req := httptest.NewRequest("POST", "/", body)
+		if enc != "" {
+			req.Header.Set("Content-Encoding", enc)
+		}
+		return httpx.ReadBody(httptest.NewRecorder(), req, 100, "payload_too_large")
+	}
+	if b, err := read(gz(`{"a":1}`), "gzip"); err != nil || string(b) != `{"a":1}` {
+		t.Fatalf("gzip: %q %v", b, err)
+	}
+	if b, err := read(gz(strings.Repeat("a", 100)), "GZIP"); err != nil || len(b) != 100 {
+		t.Fatalf("gzip at the limit: %d %v", len(b), err)
+	}
+	// 101 bytes decompressed, far fewer on the wire.
+	if _, err := read(gz(strings.Repeat("a", 101)), "gzip"); !apierr.Is(err, http.StatusRequestEntityTooLarge, "payload_too_large") {
+		t.Fatalf("gzip past the limit: %v", err)
+	}
+	if _, err := read(gz(strings.Repeat("a", 1<<20)), "gzip"); !apierr.Is(err, http.StatusRequestEntityTooLarge, "payload_too_large") {
+		t.Fatalf("a gzip bomb: %v", err)
+	}
+	if _, err := read(strings.NewReader(`{"a":1}`), "gzip"); !apierr.Is(err, http.StatusBadRequest, "bad_request") {
+		t.Fatalf("plain body labelled gzip: %v", err)
+	}
+	if _, err := read(strings.NewReader(`{"a":1}`), "br"); !apierr.Is(err, http.StatusUnsupportedMediaType, "bad_request") {
+		t.Fatalf("brotli: %v", err)
+	}
+	if b, err := read(strings.NewReader(`{"a":1}`), "identity"); err != nil || string(b) != `{"a":1}` {
+		t.Fatalf("identity: %q %v", b, err)
+	}
+}
+
+// Text that is not Unicode is refused with the field that holds it, never
+// stored as U+FFFD: bytes that are not UTF-8, and escapes of lone
+// surrogates. Valid pairs and escaped backslashes pass.
+func TestCheckText(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ body, want string }{
+		{`{"name":"ok","x":"\ud83d\ude00","y":"\\ud800 is text"}`, ""},
+		{"{\"name\":\"bad\xff\"}", "name"},
+		{`{"name":"lone \ud800"}`, "name"},
+		{`{"name":"\udc00 low first"}`, "name"},
+		{`{"a":{"b":[1,{"c":"\ud800x"}]}}`, "a.b[1].c"},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"user","content":"\ud83d"}]}`, "messages[1].content"},
+		{"\"\xc3\x28\"", "the body"},
+	} {
+		err := httpx.CheckText([]byte(c.body))
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", c.body, err)
+			}
+			continue
+		}
+		if !apierr.Is(err, http.StatusBadRequest, "bad_request") || !strings.Contains(err.Error(), c.want+" is not valid UTF-8") {
+			t.Errorf("%q: %v, want the field %s", c.body, err, c.want)
+		}
+	}
+}
+
+// A client that sends its whole body before reading (no early look at the
+// response) still gets the JSON 413, not a reset connection: the refused
+// body is read and dropped first.
+func TestTooLargeBodyIsReadable(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := httpx.ReadBody(w, r, 1000, "payload_too_large"); err != nil {
+			httpx.WriteError(w, r, err, true)
+		}
+	}))
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := bytes.Repeat([]byte("a"), 10<<20)
+	fmt.Fprintf(c, "PUT / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	if _, err := c.Write(body); err != nil {
+		t.Fatalf("the server hung up before the body was sent: %v", err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 413 || !strings.Contains(string(b), `"reason":"payload_too_large"`) {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+}

@@ -63,18 +63,25 @@ func (s *statusWriter) Flush() {
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // AccessLog logs one line per request: method, path, status, duration. A
-// client that hung up before an answer is logged as 499.
-func AccessLog(l *slog.Logger, next http.Handler) http.Handler {
+// client that hung up before an answer is logged as 499. observe, when
+// set, is told the same, with the route pattern that served the request
+// (metrics).
+func AccessLog(l *slog.Logger, next http.Handler, observe func(route, method string, status int, took time.Duration)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r.WithContext(WithLogger(r.Context(), l)))
+		r2 := r.WithContext(WithLogger(r.Context(), l))
+		next.ServeHTTP(sw, r2)
 		status := sw.status
 		if status == 0 && r.Context().Err() != nil {
 			status = 499
 		}
+		took := time.Since(start)
 		l.LogAttrs(r.Context(), slog.LevelInfo, "http",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.Int("status", status), slog.Duration("duration", time.Since(start)))
+			slog.Int("status", status), slog.Duration("duration", took))
+		if observe != nil {
+			observe(r2.Pattern, r.Method, status, took)
+		}
 	})
 }

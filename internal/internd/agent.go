@@ -40,6 +40,7 @@ type agentProc struct {
 	// from it and handled the bytes of the lines it has handled, so
 	// settle can tell when everything the agent wrote has been handled.
 	stdout  *os.File
+	stdin   io.Closer
 	in      *countingReader
 	handled atomic.Int64
 }
@@ -79,16 +80,20 @@ func (a *agentProc) settle() {
 	}
 }
 
-// stop ends the agent: SIGKILL to its process group, unless it has exited
-// on its own within a moment.
+// stop ends the agent: its input closes, it has a moment to exit, then its
+// process group is killed.
 func (a *agentProc) stop() {
 	a.once.Do(func() {
 		if a.cmd.Process == nil {
 			return
 		}
+		// The end of its input is an ACP agent's cue to exit; what it
+		// started goes with its process group either way.
+		if a.stdin != nil {
+			a.stdin.Close()
+		}
 		select {
 		case <-a.done:
-			return
 		case <-time.After(200 * time.Millisecond):
 		}
 		syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
@@ -201,12 +206,31 @@ func (c *client) handleLine(line []byte) bool {
 	return true
 }
 
+// usable reports whether a can take a turn. An agent whose connection
+// ended (it crashed, or was killed by a command it ran) is dead or dying
+// even if its exit has not been seen yet: it is stopped and forgotten, so
+// the turn starts another instead of writing into a broken pipe.
+func (d *Daemon) usable(a *agentProc) bool {
+	select {
+	case <-a.conn.Done():
+	default:
+		return true
+	}
+	a.stop()
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+	}
+	d.agentExited(a, errors.New("the agent closed its connection"))
+	return false
+}
+
 // ensureAgent returns the running agent, starting one if none is up.
 func (d *Daemon) ensureAgent(ctx context.Context) (*agentProc, error) {
 	d.mu.Lock()
 	a := d.agent
 	d.mu.Unlock()
-	if a != nil {
+	if a != nil && d.usable(a) {
 		return a, nil
 	}
 	d.agentMu.Lock()
@@ -214,7 +238,7 @@ func (d *Daemon) ensureAgent(ctx context.Context) (*agentProc, error) {
 	d.mu.Lock()
 	a = d.agent
 	d.mu.Unlock()
-	if a != nil {
+	if a != nil && d.usable(a) {
 		return a, nil
 	}
 	a, info, err := d.startAgent(ctx)
@@ -258,7 +282,7 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, "", fmt.Errorf("start agent: %w", err)
 	}
-	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), in: &countingReader{r: stdout}}
+	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), stdin: stdin, in: &countingReader{r: stdout}}
 	a.stdout, _ = stdout.(*os.File)
 	go d.agentStderr(stderr)
 	pr, pw := io.Pipe()
@@ -397,6 +421,7 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 	if newID == "" {
 		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: servers})
 		if err != nil {
+			d.log.Warn("session/new failed", "err", err)
 			return "", errTurnFailed("the agent refused a new session")
 		}
 		newID, model = string(res.SessionId), res.Models

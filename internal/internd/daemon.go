@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,9 +62,18 @@ type Config struct {
 	RetainBytes  int
 	// MaxPausedRuns bounds the runs held open across a question (default 256).
 	MaxPausedRuns int
+	// MaxPausedPerCaller bounds those of one caller (default 32), so one
+	// caller cannot fill the intern's share for everyone.
+	MaxPausedPerCaller int
 	// FinishedRunTTL is how long an ended run's events stay for Attach
 	// (default 10 minutes); then only its outcome is remembered.
 	FinishedRunTTL time.Duration
+	// SessionIdleTTL is how long a session no run uses stays in memory
+	// (default FinishedRunTTL + 1 minute); then only its file remains and
+	// the next turn reads it again. Keep it below the agent's own bound
+	// (cohort agent: 30 minutes), so the agent never forgets a session the
+	// daemon still holds.
+	SessionIdleTTL time.Duration
 	// InitTimeout bounds the agent's answer to initialize (default 30 s).
 	InitTimeout time.Duration
 	// CancelGrace is how long a cancelled turn waits for the agent to
@@ -93,8 +103,14 @@ func (c *Config) defaults() {
 	if c.MaxPausedRuns <= 0 {
 		c.MaxPausedRuns = 256
 	}
+	if c.MaxPausedPerCaller <= 0 {
+		c.MaxPausedPerCaller = 32
+	}
 	if c.FinishedRunTTL <= 0 {
 		c.FinishedRunTTL = 10 * time.Minute
+	}
+	if c.SessionIdleTTL <= 0 {
+		c.SessionIdleTTL = c.FinishedRunTTL + time.Minute
 	}
 	if c.InitTimeout <= 0 {
 		c.InitTimeout = 30 * time.Second
@@ -126,6 +142,7 @@ type Daemon struct {
 	agentErr string
 	agentID  string // name and version the agent reported
 	sessions map[string]*session
+	sweep    *time.Timer // forgetIdleSessions, every minute
 	byACP    map[string]*session
 	closed   bool
 
@@ -135,6 +152,10 @@ type Daemon struct {
 
 	live   atomic.Int32 // runs streaming
 	paused atomic.Int32 // runs held open across a question
+	// pausedBy counts them per caller (guarded by pmu, which also orders
+	// reservations against the total).
+	pmu      sync.Mutex
+	pausedBy map[string]int
 }
 
 // session is one conversation, scoped to the intern. Guarded by Daemon.mu.
@@ -146,6 +167,7 @@ type session struct {
 	current *run
 	runs    []*run          // recent runs, oldest first
 	byIA    map[string]*run // interaction id → run that asked
+	used    time.Time       // the last turn, answer or attach
 }
 
 // New opens the daemon's data directory and loads its sessions. It does not
@@ -180,14 +202,10 @@ func New(cfg Config) (*Daemon, error) {
 	if err := d.startTools(); err != nil {
 		return nil, err
 	}
-	recs, errs := fs.loadAll()
-	for _, err := range errs {
-		d.log.Error("session file skipped", "err", err)
-	}
-	for _, rec := range recs {
-		rec.Turns = nil // history stays on disk
-		d.sessions[rec.ID] = &session{rec: rec, byIA: map[string]*run{}}
-	}
+	// Sessions are read from disk when a turn needs them, and leave memory
+	// when idle (forget): memory follows the live sessions, not all of
+	// them.
+	d.sweep = time.AfterFunc(min(cfg.SessionIdleTTL/2, time.Minute), d.forgetIdleSessions)
 	return d, nil
 }
 
@@ -203,6 +221,9 @@ func (d *Daemon) Start(ctx context.Context) error {
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	d.closed = true
+	if d.sweep != nil {
+		d.sweep.Stop()
+	}
 	var runs []*run
 	for _, s := range d.sessions {
 		if s.current != nil {
@@ -236,7 +257,7 @@ func (d *Daemon) Status() *pb.StatusResponse {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return &pb.StatusResponse{InternId: d.cfg.InternID, Agent: d.agentID, Model: d.cfg.Model,
-		Sessions: int32(len(d.sessions)), LiveRuns: d.live.Load(), PausedRuns: d.paused.Load(), AgentError: d.agentErr}
+		Sessions: int32(d.store.count()), LiveSessions: int32(len(d.sessions)), LiveRuns: d.live.Load(), PausedRuns: d.paused.Load(), AgentError: d.agentErr}
 }
 
 // checkSessionID applies the 1 to 256 character bound (empty allowed where
@@ -280,16 +301,29 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 		d.mu.Unlock()
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
 	}
-	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
+	caller := req.GetCaller()
+	if len(caller) > 128 {
 		d.mu.Unlock()
-		return nil, apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later")
+		return nil, apierr.BadRequest("caller must be at most 128 characters")
+	}
+	if err := d.pauseRoom(caller); err != nil {
+		d.mu.Unlock()
+		return nil, err
 	}
 	s := d.sessions[id]
 	if s == nil {
-		now := d.now().UTC()
-		s = &session{rec: &sessionRecord{ID: id, CreatedAt: now, UpdatedAt: now}, byIA: map[string]*run{}}
+		rec, err := d.store.load(id)
+		if err != nil {
+			d.log.Error("session file unreadable; the session starts afresh", "err", err)
+		}
+		if rec == nil {
+			now := d.now().UTC()
+			rec = &sessionRecord{ID: id, CreatedAt: now, UpdatedAt: now}
+		}
+		s = &session{rec: rec, byIA: map[string]*run{}}
 		d.sessions[id] = s
 	}
+	s.used = d.now()
 	if s.busy {
 		d.mu.Unlock()
 		return nil, apierr.Conflict("busy", "another turn is running in this session")
@@ -314,6 +348,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	}
 
 	r := d.newRun(s, mode, prompt)
+	r.caller = caller
 	r.attached, r.log.pin = true, 1
 	r.add(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: id, RunId: r.id}}})
 	d.mu.Lock()
@@ -355,6 +390,7 @@ func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint6
 	var r *run
 	if s := d.sessions[req.GetSessionId()]; s != nil {
 		r = s.byIA[iaID]
+		s.used = d.now()
 	}
 	d.mu.Unlock()
 	if r == nil {
@@ -373,6 +409,7 @@ func (d *Daemon) Attach(req *pb.AttachRequest) (*run, error) {
 	d.mu.Lock()
 	var r *run
 	if s := d.sessions[req.GetSessionId()]; s != nil {
+		s.used = d.now()
 		for _, rr := range s.runs {
 			if rr.id == req.GetRunId() {
 				r = rr
@@ -442,3 +479,123 @@ func errRunEnded(msg string) *apierr.Error {
 }
 
 var _ = fmt.Sprintf
+
+var (
+	errPausedFull = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later")
+	errCallerFull = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later")
+)
+
+// pauseRoom refuses a turn that could not pause: the intern's paused runs,
+// or the caller's, are at their bound.
+func (d *Daemon) pauseRoom(caller string) error {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
+		return errPausedFull
+	}
+	if caller != "" && d.pausedBy[caller] >= d.cfg.MaxPausedPerCaller {
+		return errCallerFull
+	}
+	return nil
+}
+
+// reservePause takes a paused slot for a run of caller.
+func (d *Daemon) reservePause(caller string) error {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
+		return errPausedFull
+	}
+	if caller != "" {
+		if d.pausedBy[caller] >= d.cfg.MaxPausedPerCaller {
+			return errCallerFull
+		}
+		if d.pausedBy == nil {
+			d.pausedBy = map[string]int{}
+		}
+		d.pausedBy[caller]++
+	}
+	d.paused.Add(1)
+	return nil
+}
+
+// releasePause gives a paused slot back.
+func (d *Daemon) releasePause(caller string) {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	d.paused.Add(-1)
+	if caller != "" {
+		if n := d.pausedBy[caller] - 1; n > 0 {
+			d.pausedBy[caller] = n
+		} else {
+			delete(d.pausedBy, caller)
+		}
+	}
+}
+
+// forgetIdleSessions drops from memory the sessions no run has used for
+// SessionIdleTTL: no turn in flight or paused, every run ended and
+// detached. Their files stay; a later turn reads them again (and loads the
+// agent's session again), a late answer is told the question ended.
+func (d *Daemon) forgetIdleSessions() {
+	cutoff := d.now().Add(-d.cfg.SessionIdleTTL)
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return
+	}
+	type candidate struct {
+		s    *session
+		runs []*run
+	}
+	var idle []candidate
+	for _, s := range d.sessions {
+		if !s.busy && s.used.Before(cutoff) {
+			idle = append(idle, candidate{s, append([]*run(nil), s.runs...)})
+		}
+	}
+	d.mu.Unlock()
+	var gone []*session
+	for _, c := range idle {
+		s := c.s
+		if !quiet(c.runs) { // runs' own locks, never under d.mu
+			continue
+		}
+		d.mu.Lock()
+		if d.sessions[s.rec.ID] == s && !s.busy && s.used.Before(cutoff) {
+			delete(d.sessions, s.rec.ID)
+			if acp := s.rec.ACPSessionID; acp != "" && d.byACP[acp] == s {
+				delete(d.byACP, acp)
+			}
+			gone = append(gone, s)
+		}
+		d.mu.Unlock()
+	}
+	for _, s := range gone {
+		d.tools.unbind(s)
+		for _, r := range s.runs {
+			r.mu.Lock()
+			r.log.forget() // no one can attach any more
+			r.mu.Unlock()
+		}
+	}
+	if len(gone) > 0 {
+		// Give what they held back to the kernel now (at most once a
+		// sweep): the Go runtime would keep it for minutes.
+		debug.FreeOSMemory()
+	}
+	d.sweep.Reset(min(d.cfg.SessionIdleTTL/2, time.Minute))
+}
+
+// quiet reports whether every run has ended and nobody reads it.
+func quiet(runs []*run) bool {
+	for _, r := range runs {
+		r.mu.Lock()
+		busy := r.state != stateDone || r.attached
+		r.mu.Unlock()
+		if busy {
+			return false
+		}
+	}
+	return true
+}

@@ -432,17 +432,33 @@ func TestPausedRunSurvivesConsumer(t *testing.T) {
 	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "perm", ApprovalMode: manual}))
 	mustOK(t, err)
 	var ia *pb.Interaction
+	runID := ""
 	for s.Receive() {
+		if st := s.Msg().GetEvent().GetStarted(); st != nil {
+			runID = st.GetRunId()
+		}
 		if ia = s.Msg().GetEvent().GetInteraction(); ia != nil {
 			break
 		}
 	}
 	cancel() // gone right after the interaction, before reading PAUSED
-	time.Sleep(100 * time.Millisecond)
+	// Once the daemon has noticed the consumer left (it detaches, so a new
+	// attach is admitted), the run must still be paused, not ended.
+	var evs []*pb.RunEvent
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		evs, err = e.attach(t, "s", runID, 1)
+		if ae := apierr.FromConnect(err); err == nil || ae.Reason != "attachment_failed" || time.Now().After(deadline) {
+			break
+		}
+	}
+	mustOK(t, err)
+	if f := finish(t, evs); f.GetReason() != pb.Finished_REASON_PAUSED {
+		t.Fatalf("the consumer's departure ended the paused run: %v", f)
+	}
 	if st := e.status(t); st.GetPausedRuns() != 1 {
 		t.Fatalf("paused run did not survive: %v", st)
 	}
-	evs, err := e.answer(t, "s", ia.GetId(), "allow_once")
+	evs, err = e.answer(t, "s", ia.GetId(), "allow_once")
 	mustOK(t, err)
 	if text(evs) != "permission: opt-ao" {
 		t.Fatalf("got %q", text(evs))
@@ -614,6 +630,44 @@ func TestMaxPausedRuns(t *testing.T) {
 	}
 }
 
+// One caller fills only its own share of the paused runs: its next turn
+// is refused 503 busy, other callers still start and pause, and answering
+// one of its runs gives it room again.
+func TestMaxPausedRunsPerCaller(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 10; c.MaxPausedPerCaller = 2 })
+	var ias []string
+	for _, sid := range []string{"a1", "a2"} {
+		evs, err := e.startAs(t, "key:a", sid, "perm", manual)
+		mustOK(t, err)
+		ias = append(ias, interactionOf(t, evs).GetId())
+	}
+	_, err := e.startAs(t, "key:a", "a3", "hello", selfDrive)
+	wantErr(t, err, 503, "busy")
+	if ae := apierr.FromConnect(err); !strings.Contains(ae.Message, "one caller") {
+		t.Errorf("refusal %q does not say it is the caller's bound", ae.Message)
+	}
+	evs, err := e.startAs(t, "user:b", "b1", "perm", manual)
+	mustOK(t, err)
+	interactionOf(t, evs)
+	if st := e.status(t); st.GetPausedRuns() != 3 {
+		t.Fatalf("status: %v", st)
+	}
+	// Answering one of its runs gives the caller room again.
+	_, err = e.answer(t, "a1", ias[0], "allow_once")
+	mustOK(t, err)
+	evs, err = e.startAs(t, "key:a", "a3", "hello", selfDrive)
+	mustOK(t, err)
+	if st := e.status(t); st.GetPausedRuns() != 2 {
+		t.Fatalf("after an answer: %v", st)
+	}
+	// A caller name of 128 characters is taken; 129 is a bad request.
+	_, err = e.startAs(t, strings.Repeat("c", 128), "c0", "hello", selfDrive)
+	mustOK(t, err)
+	_, err = e.startAs(t, strings.Repeat("c", 129), "c1", "hello", selfDrive)
+	wantErr(t, err, 400, "bad_request")
+}
+
 func TestPauseBeyondBoundFailsBusy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 1 })
@@ -743,7 +797,15 @@ func TestSeveredStream(t *testing.T) {
 		}
 	}
 	e.waitStatus(t, "run cancelled", func(s *pb.StatusResponse) bool { return s.GetLiveRuns() == 0 })
-	after, err := e.attach(t, "s", started(t, evs).GetRunId(), 3)
+	// The severed consumer detaches when its handler notices the broken
+	// stream, which may come just after the run ended.
+	var after []*pb.RunEvent
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		after, err = e.attach(t, "s", started(t, evs).GetRunId(), 3)
+		if ae := apierr.FromConnect(err); err == nil || ae.Reason != "attachment_failed" || ae.Status != 409 || time.Now().After(deadline) {
+			break
+		}
+	}
 	mustOK(t, err)
 	if f := finish(t, after); f.GetReason() != pb.Finished_REASON_ENDED {
 		t.Fatalf("want ENDED, got %v", f)
@@ -827,4 +889,42 @@ func TestRestartEndsPausedRun(t *testing.T) {
 	wantErr(t, err, 404, "interaction_unknown")
 	_, err = e2.answer(t, "other-session", ia, "allow_once")
 	wantErr(t, err, 404, "interaction_unknown")
+}
+
+// Sessions no run uses leave memory after SessionIdleTTL, their files
+// stay, and the next turn reads them back (with the agent's session
+// loaded again): memory follows the live sessions. A paused run's session
+// stays.
+func TestIdleSessionsLeaveMemory(t *testing.T) {
+	t.Parallel()
+	cmd, agentEnv := agentCommand("load")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv = cmd, agentEnv
+		c.FinishedRunTTL, c.SessionIdleTTL = 50*time.Millisecond, 200*time.Millisecond
+	})
+	evs, err := e.start(t, "idle", "whoami", selfDrive)
+	mustOK(t, err)
+	before := text(evs)
+	evs, err = e.start(t, "held", "perm", manual)
+	mustOK(t, err)
+	interactionOf(t, evs)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.status(t).GetLiveSessions() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle session still in memory: %v", e.status(t))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := e.status(t); st.GetSessions() != 2 || st.GetPausedRuns() != 1 {
+		t.Fatalf("status: %v", st)
+	}
+	// Back from disk: the same session, the agent's session loaded again.
+	evs, err = e.start(t, "idle", "whoami", selfDrive)
+	mustOK(t, err)
+	if started(t, evs).GetSessionId() != "idle" || text(evs) != before {
+		t.Fatalf("after leaving memory: %q then %q", before, text(evs))
+	}
+	if st := e.status(t); st.GetLiveSessions() != 2 {
+		t.Fatalf("status: %v", st)
+	}
 }

@@ -111,9 +111,15 @@ func drain[T any](s receiver[T]) ([]*pb.RunEvent, error) {
 
 func (e *env) start(t testing.TB, session, prompt string, mode pb.ApprovalMode) ([]*pb.RunEvent, error) {
 	t.Helper()
+	return e.startAs(t, "", session, prompt, mode)
+}
+
+// startAs is start on behalf of a caller (StartTurnRequest.caller).
+func (e *env) startAs(t testing.TB, caller, session, prompt string, mode pb.ApprovalMode) ([]*pb.RunEvent, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: session, Prompt: prompt, ApprovalMode: mode}))
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: session, Prompt: prompt, ApprovalMode: mode, Caller: caller}))
 	if err != nil {
 		return nil, err
 	}

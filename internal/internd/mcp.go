@@ -112,15 +112,47 @@ func (t *tools) bind(s *session) acp.McpServer {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "cohort-intern", Version: "1"}, nil)
 	srv.AddTool(&mcp.Tool{Name: httptool.Name, Description: httptool.Description, InputSchema: httptool.InputSchema}, t.handler(s))
 	t.mu.Lock()
+	old := t.dropLocked(s)
+	t.byToken[sha256.Sum256([]byte(tok))] = &toolBinding{s: s, srv: srv}
+	t.mu.Unlock()
+	closeSessions(old)
+	return acp.McpServer{Http: &acp.McpServerHttpInline{Type: "http", Name: MCPServerName, Url: t.url,
+		Headers: []acp.HttpHeader{{Name: "Authorization", Value: "Bearer " + tok}}}}
+}
+
+// unbind forgets a session's tool credential (the session left memory; a
+// new bind comes with its next agent session).
+func (t *tools) unbind(s *session) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	old := t.dropLocked(s)
+	t.mu.Unlock()
+	closeSessions(old)
+}
+
+// dropLocked removes s's bindings and returns their servers. Their MCP
+// sessions must be closed by the daemon: the agent's own goodbye (a
+// DELETE with the old credential) would no longer be admitted, and the
+// handler would keep each session for good.
+func (t *tools) dropLocked(s *session) []*mcp.Server {
+	var out []*mcp.Server
 	for k, b := range t.byToken {
 		if b.s == s {
 			delete(t.byToken, k)
+			out = append(out, b.srv)
 		}
 	}
-	t.byToken[sha256.Sum256([]byte(tok))] = &toolBinding{s: s, srv: srv}
-	t.mu.Unlock()
-	return acp.McpServer{Http: &acp.McpServerHttpInline{Type: "http", Name: MCPServerName, Url: t.url,
-		Headers: []acp.HttpHeader{{Name: "Authorization", Value: "Bearer " + tok}}}}
+	return out
+}
+
+func closeSessions(servers []*mcp.Server) {
+	for _, srv := range servers {
+		for ss := range srv.Sessions() {
+			ss.Close()
+		}
+	}
 }
 
 func toolError(msg string) *mcp.CallToolResult {

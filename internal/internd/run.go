@@ -31,6 +31,7 @@ type run struct {
 	sess   *session
 	mode   pb.ApprovalMode
 	prompt string
+	caller string // who started it (StartTurnRequest.caller)
 	// ctx governs the agent's session/prompt call; abort abandons it when
 	// the agent does not confirm a cancellation in time.
 	ctx   context.Context
@@ -167,7 +168,7 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 		// The agent gave up on its own question.
 		ia.timer.Stop()
 		r.pending = nil
-		d.paused.Add(-1)
+		d.releasePause(r.caller)
 	}
 	wasPaused := r.state == statePaused
 	reply := r.reply.String()
@@ -263,7 +264,7 @@ func (d *Daemon) cancelRun(r *run, end *apierr.Error) bool {
 	if ia := r.pending; ia != nil {
 		ia.timer.Stop()
 		r.pending = nil
-		d.paused.Add(-1)
+		d.releasePause(r.caller)
 		d.live.Add(1)
 		r.state = stateStreaming
 		ia.reply <- reply{cancel: true}
@@ -289,16 +290,11 @@ func (d *Daemon) cancelRun(r *run, end *apierr.Error) bool {
 // a cancelled reply when the run cannot pause or ends meanwhile.
 func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) reply {
 	d := r.d
-	// Reserve a paused slot; past the bound the run fails with busy 503.
-	for {
-		n := d.paused.Load()
-		if int(n) >= d.cfg.MaxPausedRuns {
-			d.cancelRun(r, apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later"))
-			return reply{cancel: true}
-		}
-		if d.paused.CompareAndSwap(n, n+1) {
-			break
-		}
+	// Reserve a paused slot; past the intern's bound or its caller's the
+	// run fails with busy 503.
+	if err := d.reservePause(r.caller); err != nil {
+		d.cancelRun(r, err.(*apierr.Error))
+		return reply{cancel: true}
 	}
 	ia.id = newInteractionID()
 	ia.reply = make(chan reply, 1)
@@ -325,7 +321,7 @@ func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) repl
 	r.mu.Lock()
 	if r.state != stateStreaming || r.cancelling {
 		r.mu.Unlock()
-		d.paused.Add(-1)
+		d.releasePause(r.caller)
 		return reply{cancel: true}
 	}
 	r.pending = ia
@@ -347,7 +343,7 @@ func (r *run) ask(ctx context.Context, ia *interaction, ev *pb.Interaction) repl
 			ia.timer.Stop()
 			r.pending = nil
 			r.state = stateStreaming
-			d.paused.Add(-1)
+			d.releasePause(r.caller)
 			d.live.Add(1)
 		}
 		r.mu.Unlock()
@@ -392,7 +388,7 @@ func (r *run) answer(iaID, text string) (*run, uint64, error) {
 	ia.timer.Stop()
 	r.pending = nil
 	r.state = stateStreaming
-	d.paused.Add(-1)
+	d.releasePause(r.caller)
 	d.live.Add(1)
 	r.attached, r.log.pin = true, r.log.next
 	seq := r.addLocked(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: r.sess.rec.ID, RunId: r.id, Continuation: true}}})

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -120,32 +119,37 @@ func (f *fileStore) update(id string, fn func(*sessionRecord)) error {
 	return f.save(rec)
 }
 
-// loadAll reads every session record. A corrupt file is reported, not
-// fatal: one bad session must not keep the intern down.
-func (f *fileStore) loadAll() ([]*sessionRecord, []error) {
+// count is the number of sessions kept (their files).
+func (f *fileStore) count() int {
 	entries, err := os.ReadDir(f.dir)
 	if err != nil {
-		return nil, []error{err}
+		return 0
 	}
-	var out []*sessionRecord
-	var errs []error
+	n := 0
 	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") {
-			continue
+		if !e.IsDir() && filepath.Ext(e.Name()) == ".json" {
+			n++
 		}
-		b, err := os.ReadFile(filepath.Join(f.dir, e.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		var rec sessionRecord
-		if err := json.Unmarshal(b, &rec); err != nil || rec.ID == "" {
-			errs = append(errs, errors.Join(fmt.Errorf("session file %s unreadable", e.Name()), err))
-			continue
-		}
-		out = append(out, &rec)
 	}
-	return out, errs
+	return n
+}
+
+// load reads a session's record without its history (nil when there is
+// none).
+func (f *fileStore) load(id string) (*sessionRecord, error) {
+	b, err := os.ReadFile(f.path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec sessionRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
+		return nil, errors.Join(fmt.Errorf("session file %s unreadable", filepath.Base(f.path(id))), err)
+	}
+	rec.Turns = nil // history stays on disk
+	return &rec, nil
 }
 
 // addTurn appends a turn to rec, keeping the history bounded.

@@ -4,6 +4,7 @@
 package interns
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -28,6 +29,8 @@ const (
 	MaxModel = 256
 	// DemoModel is the built-in offline model.
 	DemoModel = "cohort/demo"
+	// BuiltinAgent is the agent of an intern that names none.
+	BuiltinAgent = "cohort"
 )
 
 // ErrOutsideProgramme is the 404 without a reason that callers outside the
@@ -45,6 +48,28 @@ type Service struct {
 	DB        *bun.DB
 	Now       func() time.Time
 	Lifecycle Lifecycle
+	// Agents says which agent names an intern may run (the operator's
+	// catalog, internal/agents); nil allows only the built-in agent.
+	Agents AgentChecker
+}
+
+// AgentChecker validates an intern's agent name; the error says which
+// names are allowed.
+type AgentChecker interface {
+	Check(agent string) error
+}
+
+func (s *Service) checkAgent(agent *string) error {
+	if agent == nil || *agent == "" || *agent == BuiltinAgent {
+		return nil
+	}
+	if s.Agents == nil {
+		return apierr.BadRequest("agent must be %q: this gateway allows no other", BuiltinAgent)
+	}
+	if err := s.Agents.Check(*agent); err != nil {
+		return apierr.BadRequest("%s", err.Error())
+	}
+	return nil
 }
 
 func (s *Service) now() time.Time {
@@ -101,9 +126,25 @@ func checkFields(name, model *string) error {
 	return nil
 }
 
+// ErrDeparted is the 403 (without a reason) for a key whose creator left
+// the organization and holds no grant: every intern route refuses it.
+var ErrDeparted = apierr.Forbidden("the creator of this key has left the organization")
+
+// checkCaller is the gate of the intern operations: the programme (plain
+// 404), then the departed creator (plain 403), as the chat's.
+func checkCaller(p *auth.Principal) error {
+	if err := CheckProgramme(p); err != nil {
+		return err
+	}
+	if p.Departed() {
+		return ErrDeparted
+	}
+	return nil
+}
+
 // Create makes an intern record in provisioning state.
 func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.CreateInternRequest) (*cohortv1.Intern, error) {
-	if err := CheckProgramme(p); err != nil {
+	if err := checkCaller(p); err != nil {
 		return nil, err
 	}
 	ws, err := s.workspaceFor(ctx, p, req.GetWorkspaceId())
@@ -117,8 +158,15 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 	if err := checkFields(&name, &model); err != nil {
 		return nil, err
 	}
+	agent := req.GetAgent()
+	if err := s.checkAgent(&agent); err != nil {
+		return nil, err
+	}
+	if agent == BuiltinAgent {
+		agent = "" // one spelling of the built-in agent in the rows
+	}
 	in := &store.Intern{ID: uuid.NewString(), OrganizationID: p.OrganizationID, WorkspaceID: ws, Name: name,
-		Model: model, State: store.InternProvisioning, CreatedBy: p.UserID, CreatedAt: s.now()}
+		Model: model, Agent: agent, State: store.InternProvisioning, CreatedBy: p.UserID, CreatedAt: s.now()}
 	if _, err := s.DB.NewInsert().Model(in).Exec(ctx); err != nil {
 		return nil, apierr.Internal(err)
 	}
@@ -135,7 +183,7 @@ func (s *Service) changed(ctx context.Context, in *store.Intern) {
 // Load returns the live intern id in the caller's scope. A missing intern,
 // a deleted one and one of another workspace are the same 404 not_found.
 func (s *Service) Load(ctx context.Context, p *auth.Principal, id string) (*store.Intern, error) {
-	if err := CheckProgramme(p); err != nil {
+	if err := checkCaller(p); err != nil {
 		return nil, err
 	}
 	var in store.Intern
@@ -215,7 +263,7 @@ func (s *Service) Get(ctx context.Context, p *auth.Principal, id string) (*cohor
 
 // List returns the live interns of a workspace.
 func (s *Service) List(ctx context.Context, p *auth.Principal, workspaceID string) ([]*cohortv1.Intern, error) {
-	if err := CheckProgramme(p); err != nil {
+	if err := checkCaller(p); err != nil {
 		return nil, err
 	}
 	ws, err := s.workspaceFor(ctx, p, workspaceID)
@@ -234,7 +282,7 @@ func (s *Service) List(ctx context.Context, p *auth.Principal, workspaceID strin
 	return out, nil
 }
 
-// Update changes an intern's name or model.
+// Update changes an intern's name, model or agent.
 func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.UpdateInternRequest) (*cohortv1.Intern, error) {
 	in, err := s.Load(ctx, p, req.GetId())
 	if err != nil {
@@ -243,15 +291,26 @@ func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.U
 	if err := checkFields(req.Name, req.Model); err != nil {
 		return nil, err
 	}
+	if err := s.checkAgent(req.Agent); err != nil {
+		return nil, err
+	}
 	if req.Name != nil {
 		in.Name = req.GetName()
 	}
 	if req.Model != nil {
 		in.Model = req.GetModel()
 	}
+	if req.Agent != nil {
+		// A new agent restarts the intern's jail (the provisioner compares
+		// the row's agent with the running one's).
+		in.Agent = req.GetAgent()
+		if in.Agent == BuiltinAgent {
+			in.Agent = ""
+		}
+	}
 	now := s.now()
 	in.UpdatedAt = &now
-	if _, err := s.DB.NewUpdate().Model(in).Column("name", "model", "updated_at").WherePK().Exec(ctx); err != nil {
+	if _, err := s.DB.NewUpdate().Model(in).Column("name", "model", "agent", "updated_at").WherePK().Exec(ctx); err != nil {
 		return nil, apierr.Internal(err)
 	}
 	s.changed(ctx, in)
@@ -285,9 +344,9 @@ func (s *Service) SetState(ctx context.Context, in *store.Intern, to string) (*c
 	return Proto(in), nil
 }
 
-// Suspend stops a provisioning or running intern.
+// Suspend stops a provisioning, running or sleeping intern.
 func (s *Service) Suspend(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
-	return s.transition(ctx, p, id, store.InternSuspended, store.InternProvisioning, store.InternRunning)
+	return s.transition(ctx, p, id, store.InternSuspended, store.InternProvisioning, store.InternRunning, store.InternSleeping)
 }
 
 // Resume provisions a suspended intern again.
@@ -297,13 +356,13 @@ func (s *Service) Resume(ctx context.Context, p *auth.Principal, id string) (*co
 
 // Delete removes an intern; afterwards it is not found.
 func (s *Service) Delete(ctx context.Context, p *auth.Principal, id string) (*cohortv1.Intern, error) {
-	return s.transition(ctx, p, id, store.InternDeleted, store.InternProvisioning, store.InternRunning, store.InternSuspended)
+	return s.transition(ctx, p, id, store.InternDeleted, store.InternProvisioning, store.InternRunning, store.InternSleeping, store.InternSuspended)
 }
 
 // Proto converts a row.
 func Proto(in *store.Intern) *cohortv1.Intern {
 	out := &cohortv1.Intern{Id: in.ID, WorkspaceId: in.WorkspaceID, Name: in.Name, Model: in.Model, State: in.State,
-		CreatedAt: timestamppb.New(in.CreatedAt)}
+		Agent: cmp.Or(in.Agent, BuiltinAgent), CreatedAt: timestamppb.New(in.CreatedAt)}
 	if in.UpdatedAt != nil {
 		out.UpdatedAt = timestamppb.New(*in.UpdatedAt)
 	}

@@ -2,9 +2,14 @@ package interns_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -124,4 +129,110 @@ func TestInternScopeAndProgramme(t *testing.T) {
 			t.Fatalf("outside programme: %+v", got)
 		}
 	})
+}
+
+// A key whose creator left the organization (and holds no grant) is
+// refused by every intern operation, as by the chat: plain 403.
+func TestDepartedCreatorIsRefused(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		c := cohortv1connect.NewInternServiceClient(e.HTTPClient(), e.URL)
+		if _, err := c.GetIntern(ctx, authed(e.WorkspaceKey, &cohortv1.GetInternRequest{Id: e.InternID})); err != nil {
+			t.Fatalf("before leaving: %v", err)
+		}
+		if _, err := e.DB.ExecContext(ctx, "UPDATE memberships SET left_at = ? WHERE user_id = ?", time.Now().UTC(), e.AdminUserID); err != nil {
+			t.Fatal(err)
+		}
+		calls := map[string]func() error{
+			"GetIntern": func() error {
+				_, err := c.GetIntern(ctx, authed(e.WorkspaceKey, &cohortv1.GetInternRequest{Id: e.InternID}))
+				return err
+			},
+			"ListInterns": func() error {
+				_, err := c.ListInterns(ctx, authed(e.WorkspaceKey, &cohortv1.ListInternsRequest{}))
+				return err
+			},
+			"CreateIntern": func() error {
+				_, err := c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "x"}))
+				return err
+			},
+			"SuspendIntern": func() error {
+				_, err := c.SuspendIntern(ctx, authed(e.WorkspaceKey, &cohortv1.SuspendInternRequest{Id: e.InternID}))
+				return err
+			},
+		}
+		for name, call := range calls {
+			got := apierr.FromConnect(call())
+			if got.Status != http.StatusForbidden || got.Reason != "" {
+				t.Errorf("%s with a departed creator's key: %+v", name, got)
+			}
+		}
+		var n int
+		e.DB.NewSelect().Table("interns").ColumnExpr("count(*)").Where("state <> 'deleted'").Scan(ctx, &n)
+		if n != 1 {
+			t.Errorf("%d interns: a refused call changed something", n)
+		}
+	})
+}
+
+// An intern names its agent from the operator's catalog: the built-in
+// agent by default, an allowed name on create and update, and a clear 400
+// that changes nothing for a name the catalog does not hold.
+func TestInternAgentIsValidatedAgainstTheCatalog(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		c := cohortv1connect.NewInternServiceClient(e.HTTPClient(), e.URL)
+		res, err := c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "plain"}))
+		if err != nil || res.Msg.GetIntern().GetAgent() != "cohort" {
+			t.Fatalf("default agent: %v %v", res, err)
+		}
+		// Without a catalog only the built-in agent is allowed.
+		cat := &catalog{}
+		_, err = c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "x", Agent: "claude"}))
+		if ae := apierr.FromConnect(err); ae.Status != http.StatusBadRequest || ae.Reason != "bad_request" || !strings.Contains(ae.Message, `"cohort"`) {
+			t.Fatalf("claude without a catalog: %+v", ae)
+		}
+		e.Server.Interns.Agents = cat
+		_, err = c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "x", Agent: "claude"}))
+		if ae := apierr.FromConnect(err); ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, "one of cohort, not") {
+			t.Fatalf("claude with an empty catalog: %+v", ae)
+		}
+		cat.names.Store(&[]string{"claude", "codex"})
+		res, err = c.CreateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.CreateInternRequest{Name: "c", Agent: "claude"}))
+		if err != nil || res.Msg.GetIntern().GetAgent() != "claude" {
+			t.Fatalf("create claude: %v %v", res, err)
+		}
+		id := res.Msg.GetIntern().GetId()
+		bad := "rm -rf /"
+		_, err = c.UpdateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.UpdateInternRequest{Id: id, Agent: &bad}))
+		if ae := apierr.FromConnect(err); ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, "claude, codex") {
+			t.Fatalf("update to a command: %+v", ae)
+		}
+		got, err := c.GetIntern(ctx, authed(e.WorkspaceKey, &cohortv1.GetInternRequest{Id: id}))
+		if err != nil || got.Msg.GetIntern().GetAgent() != "claude" {
+			t.Fatalf("refused update changed the agent: %v %v", got, err)
+		}
+		codex := "codex"
+		u, err := c.UpdateIntern(ctx, authed(e.WorkspaceKey, &cohortv1.UpdateInternRequest{Id: id, Agent: &codex}))
+		if err != nil || u.Msg.GetIntern().GetAgent() != "codex" || u.Msg.GetIntern().GetName() != "c" {
+			t.Fatalf("update to codex: %v %v", u, err)
+		}
+	})
+}
+
+// catalog allows the names it holds besides the built-in agent; the test
+// changes them while the server runs.
+type catalog struct{ names atomic.Pointer[[]string] }
+
+func (c *catalog) Check(agent string) error {
+	names := []string{"cohort"}
+	if p := c.names.Load(); p != nil {
+		names = append(names, *p...)
+	}
+	if slices.Contains(names, agent) {
+		return nil
+	}
+	return errors.New("agent must be one of " + strings.Join(names, ", ") + ", not " + strconv.Quote(agent))
 }

@@ -102,7 +102,7 @@ func runInit() {
 		}
 	}
 
-	pid := startProgram(s, w.Privileged, w.Files)
+	pid := startProgram(s, w.Privileged, w.Descriptors)
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	go func() {

@@ -44,6 +44,8 @@ type report struct {
 	WriteTmp   string   `json:"write_tmp"`
 	Relay      string   `json:"relay"` // what the relay answered
 	Fd3        string   `json:"fd3"`   // content of the passed descriptor
+	Passwd     string   `json:"passwd"`
+	Hidden     []string `json:"hidden"` // what a hidden directory lists
 }
 
 func errString(err error) string {
@@ -97,6 +99,12 @@ func inside() {
 			r.Relay = err.Error()
 		}
 	}
+	passwd, _ := os.ReadFile("/etc/passwd")
+	r.Passwd = string(passwd)
+	hidden, _ := os.ReadDir("/work/hidden")
+	for _, e := range hidden {
+		r.Hidden = append(r.Hidden, e.Name())
+	}
 	if f := os.NewFile(3, "fd3"); f != nil {
 		b, _ := io.ReadAll(f)
 		r.Fd3 = string(b)
@@ -117,6 +125,8 @@ func run(t *testing.T, userNS bool) (report, string) {
 	work := filepath.Join(host, "work")
 	os.Mkdir(work, 0o777)
 	os.Chmod(work, 0o777)
+	os.MkdirAll(filepath.Join(work, "hidden"), 0o755)
+	os.WriteFile(filepath.Join(work, "hidden", "kek.json"), []byte("canary-kek"), 0o644)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +158,8 @@ func run(t *testing.T, userNS bool) (report, string) {
 		Binds: append(jail.SystemBinds(),
 			jail.Bind{Src: self, Dst: "/run/jailtest"},
 			jail.Bind{Src: work, Dst: "/work", Writable: true}),
+		Files:  []jail.File{{Dst: "/etc/passwd", Content: "intern:x:2000000001:2000000001::/:/bin/sh\n"}},
+		Hide:   []string{"/work/hidden"},
 		Relays: []jail.Relay{{Port: 7100, Kind: 'e'}},
 		UID:    2000000001, GID: 2000000001,
 		UserNS: userNS,
@@ -248,6 +260,12 @@ func TestJail(t *testing.T) {
 			}
 			if r.Relay != "e:ping" {
 				t.Errorf("relay answered %q", r.Relay)
+			}
+			if r.Passwd != "intern:x:2000000001:2000000001::/:/bin/sh\n" {
+				t.Errorf("/etc/passwd is %q, not the spec's", r.Passwd)
+			}
+			if len(r.Hidden) != 0 {
+				t.Errorf("a hidden directory lists %v", r.Hidden)
 			}
 			if r.Fd3 != "passed-descriptor" {
 				t.Errorf("descriptor 3 held %q", r.Fd3)

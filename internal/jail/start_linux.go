@@ -17,8 +17,8 @@ import (
 type wire struct {
 	Spec
 	Privileged bool `json:"privileged"`
-	// Files is how many descriptors, from fdFirst on, are the program's.
-	Files int `json:"files"`
+	// Descriptors is how many descriptors, from fdFirst on, are the program's.
+	Descriptors int `json:"descriptors"`
 }
 
 // Start starts the jail's init. The program starts once the init has built
@@ -28,7 +28,7 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	if err := spec.check(); err != nil {
 		return nil, err
 	}
-	w := wire{Spec: spec, Privileged: os.Geteuid() == 0 && !spec.UserNS, Files: len(o.Files)}
+	w := wire{Spec: spec, Privileged: os.Geteuid() == 0 && !spec.UserNS, Descriptors: len(o.Files)}
 	if w.Privileged && (spec.UID <= 0 || spec.GID <= 0) {
 		return nil, errors.New("jail: a root caller must name the program's unprivileged uid and gid")
 	}

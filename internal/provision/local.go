@@ -17,6 +17,8 @@ import (
 	"connectrpc.com/connect"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -25,9 +27,38 @@ type supervisor struct {
 	p      *Provisioner
 	id     string
 	model  string
+	agent  string
 	cancel context.CancelFunc
 	done   chan struct{}
-	cur    int // the current daemon's pid (guarded by p.mu)
+	// up is closed once a daemon has answered Status and the intern is
+	// running; failed, if the first attempt failed before that (err says
+	// why). A wake waits on either.
+	up, failed chan struct{}
+	err        error
+
+	// Guarded by p.mu.
+	cur      int // the current daemon's pid
+	dialer   func() interndv1connect.InternDaemonServiceClient
+	lastUsed time.Time // the last call to the daemon, or its start
+	open     int       // streams from the daemon being read
+}
+
+// isUp reports whether the daemon has come up (under p.mu or not).
+func (s *supervisor) isUp() bool {
+	select {
+	case <-s.up:
+		return true
+	default:
+		return false
+	}
+}
+
+// client dials the current daemon (after up).
+func (s *supervisor) client() interndv1connect.InternDaemonServiceClient {
+	s.p.mu.Lock()
+	d := s.dialer
+	s.p.mu.Unlock()
+	return d()
 }
 
 func (s *supervisor) stop() {
@@ -45,16 +76,17 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 	s := p.sups[in.ID]
 	switch in.State {
 	case store.InternProvisioning, store.InternRunning:
-		if s != nil && s.model == in.Model {
+		if s != nil && s.model == in.Model && s.agent == in.Agent {
 			return
 		}
 		prev := s
 		if prev != nil {
-			// The model changed: the daemon restarts with the new one.
+			// The model or the agent changed: the jail restarts with the new one.
 			go prev.stop()
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		s = &supervisor{p: p, id: in.ID, model: in.Model, cancel: cancel, done: make(chan struct{})}
+		s = &supervisor{p: p, id: in.ID, model: in.Model, agent: in.Agent, cancel: cancel, done: make(chan struct{}),
+			up: make(chan struct{}), failed: make(chan struct{}), lastUsed: time.Now()}
 		p.sups[in.ID] = s
 		go func() {
 			if prev != nil {
@@ -75,8 +107,14 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 	}
 }
 
+// internDir is absolute: a jail binds it, and a daemon's working
+// directory is not the gateway's.
 func (p *Provisioner) internDir(id string) string {
-	return filepath.Join(p.DataDir, "interns", id)
+	dir := filepath.Join(p.DataDir, "interns", id)
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
 }
 
 // DaemonPID returns the pid of the intern's local daemon, or 0 (for
@@ -108,6 +146,14 @@ func (s *supervisor) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if !s.isUp() {
+			select {
+			case <-s.failed:
+			default:
+				s.err = err
+				close(s.failed)
+			}
+		}
 		s.p.Log.Error("intern daemon stopped; restarting", "intern", s.id, "err", err, "in", backoff)
 		if time.Since(started) > time.Minute {
 			backoff = s.p.RestartBackoff
@@ -129,57 +175,69 @@ func (s *supervisor) once(ctx context.Context) error {
 		return err
 	}
 	secret := newSecret()
-	argv := p.Command
-	if len(argv) == 0 {
-		self, err := os.Executable()
-		if err != nil {
-			return err
+	// At most StartConcurrency daemons start at once; the slot is held
+	// until this one answers (or fails).
+	select {
+	case p.fleet.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	starting := true
+	release := func() {
+		if starting {
+			starting = false
+			<-p.fleet.sem
 		}
-		argv = []string{self}
 	}
-	args := append(append([]string{}, argv[1:]...), "intern", "--listen", "127.0.0.1:0", "--data-dir", dir,
-		"--intern-id", s.id, "--model", s.model)
-	if p.AgentCommand != "" {
-		args = append(args, "--agent-command", p.AgentCommand)
+	defer release()
+	start := s.startShared
+	if p.Jail != nil {
+		start = s.startJailed
 	}
-	if p.GatewayURL != "" {
-		args = append(args, "--gateway-url", p.GatewayURL)
-	}
-	cmd := exec.Command(argv[0], args...)
-	// The secret goes by environment, never on the command line (ps shows that).
-	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)
-	cmd.SysProcAttr = sysProcAttr()
-	stdout, err := cmd.StdoutPipe()
+	outR, outW, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	stderr, err := cmd.StderrPipe()
+	errR, errW, err := os.Pipe()
 	if err != nil {
+		outR.Close()
+		outW.Close()
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	proc, known, err := start(dir, secret, outW, errW)
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
 		return fmt.Errorf("start daemon: %w", err)
 	}
-	s.setPID(cmd.Process.Pid)
+	s.setPID(proc.Pid())
 	defer s.setPID(0)
-	go forwardLogs(p, s.id, stderr)
+	go forwardLogs(p, s.id, errR)
 	exited := make(chan error, 1)
 	addrc := make(chan string, 1)
 	go func() {
-		br := bufio.NewReader(stdout)
+		br := bufio.NewReader(outR)
 		line, _ := br.ReadString('\n')
-		addrc <- strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "listening on "))
+		if known != "" {
+			addrc <- known
+		} else {
+			addrc <- strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "listening on "))
+		}
 		io.Copy(io.Discard, br)
-		exited <- cmd.Wait()
+		outR.Close()
+		exited <- proc.Wait()
 	}()
 	kill := func() error {
-		// SIGTERM lets the daemon cancel its runs and stop its agent.
-		cmd.Process.Signal(syscall.SIGTERM)
+		// SIGTERM lets the daemon cancel its runs and stop its agent (a
+		// jail's init passes it on).
+		proc.Signal(syscall.SIGTERM)
 		select {
 		case err := <-exited:
 			return err
 		case <-time.After(5 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			proc.Kill()
 			return <-exited
 		}
 	}
@@ -219,7 +277,16 @@ func (s *supervisor) once(ctx context.Context) error {
 		kill()
 		return err
 	}
-	p.Log.Info("intern daemon running", "intern", s.id, "url", base, "pid", cmd.Process.Pid)
+	release()
+	p.mu.Lock()
+	// The fleet's own calls (is it idle?) are not the intern's activity.
+	s.dialer = func() interndv1connect.InternDaemonServiceClient { return p.dial("", base, secret) }
+	s.lastUsed = time.Now()
+	p.mu.Unlock()
+	if !s.isUp() {
+		close(s.up)
+	}
+	p.Log.Info("intern daemon running", "intern", s.id, "url", base, "pid", proc.Pid(), "jailed", p.Jail != nil)
 
 	select {
 	case err := <-exited:
@@ -252,7 +319,7 @@ func daemonEnviron(env []string) []string {
 func (p *Provisioner) waitHealthy(ctx context.Context, base, secret string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.HealthTimeout)
 	defer cancel()
-	c := p.dial(base, secret)
+	c := p.dial("", base, secret)
 	for {
 		_, err := c.Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
 		if err == nil {
@@ -279,4 +346,75 @@ func forwardLogs(p *Provisioner, id string, r io.Reader) {
 		}
 		p.Log.Info("intern daemon", "intern", id, "line", sc.Text())
 	}
+}
+
+// daemonProc is a started daemon: a plain child, or a jail's init.
+type daemonProc interface {
+	Pid() int
+	Signal(os.Signal) error
+	// Kill ends the daemon and everything it started.
+	Kill()
+	Wait() error
+}
+
+// sharedProc is a daemon run on the gateway's own host (--unsafe-shared-host).
+type sharedProc struct{ cmd *exec.Cmd }
+
+func (c sharedProc) Pid() int                   { return c.cmd.Process.Pid }
+func (c sharedProc) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
+func (c sharedProc) Kill()                      { syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) }
+func (c sharedProc) Wait() error                { return c.cmd.Wait() }
+
+// jailProc is a jail's init: killing it ends its whole PID namespace.
+type jailProc struct{ j *jail.Jail }
+
+func (c jailProc) Pid() int                   { return c.j.Process.Pid }
+func (c jailProc) Signal(sig os.Signal) error { return c.j.Process.Signal(sig) }
+func (c jailProc) Kill()                      { c.j.Process.Kill() }
+func (c jailProc) Wait() error {
+	st, err := c.j.Wait()
+	if err == nil && st != nil && !st.Success() {
+		err = fmt.Errorf("jail exited: %v", st)
+	}
+	return err
+}
+
+// startShared starts the daemon as a plain child on the gateway's host; it
+// reports its address on stdout.
+func (s *supervisor) startShared(dir, secret string, stdout, stderr *os.File) (daemonProc, string, error) {
+	p := s.p
+	argv, err := p.selfCommand()
+	if err != nil {
+		return nil, "", err
+	}
+	args := append(append([]string{}, argv[1:]...), "intern", "--listen", "127.0.0.1:0", "--data-dir", dir,
+		"--intern-id", s.id, "--model", s.model)
+	run, err := p.agentFor(s.agent, false)
+	if err != nil {
+		return nil, "", err
+	}
+	args = append(args, p.daemonFlags()...)
+	args = append(args, run.flags...)
+	if p.GatewayURL != "" {
+		args = append(args, "--gateway-url", p.GatewayURL)
+	}
+	cmd := exec.Command(argv[0], args...)
+	// The secret goes by environment, never on the command line (ps shows that).
+	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)
+	cmd.SysProcAttr = sysProcAttr()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	return sharedProc{cmd}, "", nil
+}
+
+// daemonFlags are the `cohort intern` flags every local daemon gets, jailed
+// or not, besides its agent's (agentFor).
+func (p *Provisioner) daemonFlags() []string {
+	var args []string
+	if p.InteractionDeadline > 0 {
+		args = append(args, "--interaction-deadline", p.InteractionDeadline.String())
+	}
+	return args
 }

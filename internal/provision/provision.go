@@ -21,6 +21,7 @@
 package provision
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -39,6 +40,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
@@ -72,13 +74,43 @@ type Provisioner struct {
 	// GatewayURL, when set, is passed to local daemons as --gateway-url:
 	// where their http_request tool reaches the vault.
 	GatewayURL string
-	// AgentCommand, when set, is passed to local daemons as --agent-command.
+	// AgentCommand, when set, is passed to local daemons as --agent-command:
+	// what an intern runs whose agent is the built-in one.
 	AgentCommand string
+	// Agents is the operator's catalog: what an intern's agent name runs.
+	Agents agents.Catalog
+	// ModelKey releases an intern's vault secret name for a request to
+	// host: the model key of a third-party agent, which the model relay
+	// puts in place of the placeholder (vault.Service.Release).
+	ModelKey func(ctx context.Context, internID, name, host string) (string, error)
+	// InteractionDeadline, when set, is passed to local daemons as
+	// --interaction-deadline.
+	InteractionDeadline time.Duration
 	// HealthTimeout bounds a local daemon's start (default 30 s).
 	HealthTimeout time.Duration
 	// RestartBackoff is the first delay before restarting a dead daemon
 	// (default 1 s, doubling up to 30 s).
 	RestartBackoff time.Duration
+	// Jail, when set, runs each local daemon in a jail of its own (what
+	// serve does unless --unsafe-shared-host); nil runs them as plain
+	// children on the gateway's host.
+	Jail *JailConfig
+	// IdleTimeout puts a local intern to sleep after this long without a
+	// call to its daemon, a live or paused run or an open stream (0: never).
+	IdleTimeout time.Duration
+	// MaxAwake caps the awake local interns (0: no cap): at the cap the
+	// least recently used idle one sleeps to admit another.
+	MaxAwake int
+	// StartConcurrency bounds local daemons starting at once (default 4).
+	StartConcurrency int
+	// Sweep is how often the reconciler reads the database even without a
+	// change notification (default 1 s).
+	Sweep time.Duration
+	// OnWake, when set, is told of every wake of a sleeping intern: how
+	// long it took and whether it worked (internal/metrics).
+	OnWake func(took time.Duration, ok bool)
+
+	fleet fleet
 
 	once   sync.Once
 	client *http.Client
@@ -108,6 +140,8 @@ func (p *Provisioner) init() {
 			p.RestartBackoff = time.Second
 		}
 		p.sups = map[string]*supervisor{}
+		p.fleet.kick = make(chan struct{}, 1)
+		p.fleet.sem = make(chan struct{}, cmp.Or(max(p.StartConcurrency, 0), DefaultStartConcurrency))
 		// Daemons speak h2c (http://): one connection carries many run
 		// streams. A remote daemon behind a TLS proxy (https://) gets HTTP/2.
 		var protos http.Protocols
@@ -190,7 +224,7 @@ func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemon
 	if err != nil {
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
 	}
-	c = p.dial(in.DaemonURL, secret)
+	c = p.dial(in.ID, in.DaemonURL, secret)
 	p.dialMu.Lock()
 	if p.dialed == nil || len(p.dialed) >= maxDialed {
 		// Stale entries (old URLs, rotated secrets) are dropped wholesale;
@@ -209,9 +243,14 @@ type dialKey struct{ id, url, wrapped string }
 // maxDialed bounds the client cache.
 const maxDialed = 4096
 
-func (p *Provisioner) dial(base, secret string) interndv1connect.InternDaemonServiceClient {
-	return interndv1connect.NewInternDaemonServiceClient(p.client, base,
-		connect.WithInterceptors(bearerInterceptor("Bearer "+secret)))
+// dial returns a client of the daemon at base; calls through it count as
+// the intern's activity (id, when set).
+func (p *Provisioner) dial(id, base, secret string) interndv1connect.InternDaemonServiceClient {
+	ics := []connect.Interceptor{bearerInterceptor("Bearer " + secret)}
+	if id != "" && p.Mode != Remote {
+		ics = append(ics, activity{p, id})
+	}
+	return interndv1connect.NewInternDaemonServiceClient(p.client, base, connect.WithInterceptors(ics...))
 }
 
 // bearerInterceptor adds the daemon secret to every call.
@@ -241,14 +280,26 @@ func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 func (p *Provisioner) Start(ctx context.Context) error {
 	p.init()
 	if p.Mode != Remote {
-		// The daemons of a previous gateway process died with it: until
-		// this one's are up, the interns are starting (chat answers 409
-		// intern_not_ready), not running at a dead address.
+		// The daemons of a previous gateway process died with it. With
+		// sleep enabled, its running interns sleep (the next turn wakes
+		// each); otherwise they start again and are provisioning (chat
+		// waits for them) until up, never running at a dead address.
+		to := store.InternProvisioning
+		if p.IdleTimeout > 0 {
+			to = store.InternSleeping
+		}
 		if _, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
-			Set("state = ?", store.InternProvisioning).Set("updated_at = ?", store.Now(nil)).
+			Set("state = ?", to).Set("updated_at = ?", store.Now(nil)).
 			Where("state = ?", store.InternRunning).Exec(ctx); err != nil {
 			return err
 		}
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if !closed {
+			p.runFleet()
+		}
+		return nil
 	}
 	var rows []store.Intern
 	if err := p.DB.NewSelect().Model(&rows).Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
@@ -272,7 +323,8 @@ func (p *Provisioner) Changed(ctx context.Context, in *store.Intern) {
 			go p.markRunningWhenHealthy(in.ID)
 		}
 	default:
-		p.localChanged(in)
+		// The reconciler reads the row again: the database is the truth.
+		p.nudge()
 	}
 }
 
@@ -289,7 +341,7 @@ func (p *Provisioner) markRunningWhenHealthy(id string) {
 		p.Log.Error("daemon secret does not open", "intern", id, "err", err)
 		return
 	}
-	if _, err := p.dial(in.DaemonURL, secret).Status(ctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
+	if _, err := p.dial("", in.DaemonURL, secret).Status(ctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
 		p.Log.Warn("remote daemon not healthy", "intern", id, "err", err)
 		return
 	}
@@ -326,7 +378,7 @@ func (p *Provisioner) Register(ctx context.Context, internID, daemonURL, secret 
 	}
 	hctx, cancel := context.WithTimeout(ctx, p.HealthTimeout)
 	defer cancel()
-	if _, err := p.dial(daemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
+	if _, err := p.dial("", daemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
 		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the daemon did not answer Status with this secret: %s", connect.CodeOf(err))
 	}
 	wrapped, err := p.wrap(internID, secret)
@@ -346,7 +398,7 @@ func (p *Provisioner) Register(ctx context.Context, internID, daemonURL, secret 
 	return &in, nil
 }
 
-// Close stops every local daemon (their runs end with them).
+// Close stops every local daemon, all at once (their runs end with them).
 func (p *Provisioner) Close() {
 	p.init()
 	p.mu.Lock()
@@ -357,9 +409,19 @@ func (p *Provisioner) Close() {
 	}
 	p.sups = map[string]*supervisor{}
 	p.mu.Unlock()
-	for _, s := range sups {
-		s.stop()
+	if p.fleet.stop != nil {
+		p.fleet.stop()
+		p.fleet.done.Wait()
 	}
+	var wg sync.WaitGroup
+	for _, s := range sups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.stop()
+		}()
+	}
+	wg.Wait()
 }
 
 // VerifyDaemonSecret reports whether presented is the daemon secret stored

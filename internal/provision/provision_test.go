@@ -36,7 +36,7 @@ var build struct {
 }
 
 // cohortBinary builds the real cohort command once per test run.
-func cohortBinary(t *testing.T) string {
+func cohortBinary(t testing.TB) string {
 	t.Helper()
 	build.Do(func() {
 		dir, err := os.MkdirTemp("", "cohort-bin-")
@@ -101,19 +101,19 @@ func status(t *testing.T, p *provision.Provisioner, in *store.Intern) (*pb.Statu
 }
 
 // The local provisioner starts a real `cohort intern` process per running
-// intern, restarts it when it dies and stops it on suspend.
+// intern (jailed, or as a plain child with --unsafe-shared-host), restarts
+// it when it dies and stops it on suspend.
 func TestLocalLifecycle(t *testing.T) {
 	t.Parallel()
-	bin := cohortBinary(t)
+	for _, jailed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("jailed=%v", jailed), func(t *testing.T) { testLocalLifecycle(t, jailed) })
+	}
+}
+
+func testLocalLifecycle(t *testing.T, jailed bool) {
 	storetest.Each(t, func(t *testing.T, db *bun.DB) {
-		dataDir := t.TempDir()
-		var prov *provision.Provisioner
-		e := testenv.New(t, db, func(s *server.Server) {
-			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Local, DataDir: dataDir,
-				Command: []string{bin}, RestartBackoff: 100 * time.Millisecond, GatewayURL: "http://gateway.test:1/api/v1"}
-			s.Provisioner, s.Interns.Lifecycle = prov, prov
-		})
-		t.Cleanup(prov.Close)
+		e, prov := localEnv(t, db, jailed, func(p *provision.Provisioner) { p.GatewayURL = "http://gateway.test:1/api/v1" })
+		dataDir := prov.DataDir
 		ctx := context.Background()
 		id := e.InternID
 
@@ -122,10 +122,18 @@ func TestLocalLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
-		// The daemon is told where the gateway's vault is.
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", prov.DaemonPID(id))); err != nil ||
-			!strings.Contains(string(b), "--gateway-url\x00http://gateway.test:1/api/v1") {
-			t.Fatalf("daemon command line lacks --gateway-url: %q %v", b, err)
+		// The daemon is told where the gateway's vault is (in a jail: the
+		// gateway relay), and a jailed one runs under the jail's init.
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", prov.DaemonPID(id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jailed {
+			if !strings.HasPrefix(string(cmdline), "cohort-jail-init") {
+				t.Fatalf("the daemon's process is not a jail: %q", cmdline)
+			}
+		} else if !strings.Contains(string(cmdline), "--gateway-url\x00http://gateway.test:1/api/v1") {
+			t.Fatalf("daemon command line lacks --gateway-url: %q", cmdline)
 		}
 		in := loadIntern(t, db, id)
 		if in.Provisioner != provision.Local || !strings.HasPrefix(in.DaemonURL, "http://127.0.0.1:") || in.DaemonSecret == "" {

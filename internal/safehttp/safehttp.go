@@ -10,6 +10,7 @@
 package safehttp
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -44,6 +45,9 @@ type Options struct {
 	// AllowLoopback lets the client reach 127.0.0.0/8 and ::1. For tests
 	// only (an in-process TLS issuer); never set from configuration.
 	AllowLoopback bool
+	// Allow lets the client reach the non-public destinations an operator
+	// listed (--federation-allow-hosts); nil allows none.
+	Allow *Allowlist
 }
 
 // ErrRefusedAddress is returned (wrapped) when a connection would reach an
@@ -65,19 +69,24 @@ func New(o Options) *http.Client {
 		o.MaxBody = DefaultMaxBody
 	}
 	dialTimeout := min(DefaultDialTimeout, o.Timeout)
-	dialer := &net.Dialer{
-		Timeout:   dialTimeout,
-		KeepAlive: 30 * time.Second,
-		// Control runs after DNS resolution, on the address actually dialled:
-		// the only place a check cannot be raced by a second DNS answer.
-		Control: func(network, address string, _ syscall.RawConn) error {
-			return checkDial(network, address, o.AllowLoopback)
-		},
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, _ := net.SplitHostPort(addr)
+		d := &net.Dialer{
+			Timeout:   dialTimeout,
+			KeepAlive: 30 * time.Second,
+			// Control runs after DNS resolution, on the address actually
+			// dialled: the only place a check cannot be raced by a second
+			// DNS answer. The host the URL named decides what is allowed.
+			Control: func(network, address string, _ syscall.RawConn) error {
+				return checkDial(network, address, host, o.AllowLoopback, o.Allow)
+			},
+		}
+		return d.DialContext(ctx, network, addr)
 	}
 	tlsConfig := TLSConfig(o.ExtraRoots)
 	transport := &http.Transport{
 		Proxy:                  nil, // an environment proxy would dial for us, past the guard
-		DialContext:            dialer.DialContext,
+		DialContext:            dial,
 		TLSClientConfig:        tlsConfig,
 		ForceAttemptHTTP2:      true,
 		TLSHandshakeTimeout:    dialTimeout,
@@ -89,19 +98,19 @@ func New(o Options) *http.Client {
 	}
 	return &http.Client{
 		Timeout:   o.Timeout,
-		Transport: &guard{next: transport, maxBody: o.MaxBody, allowLoopback: o.AllowLoopback},
+		Transport: &guard{next: transport, maxBody: o.MaxBody, allowLoopback: o.AllowLoopback, allow: o.Allow},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if len(via) >= DefaultMaxRedirects {
 				return fmt.Errorf("safehttp: stopped after %d redirects", DefaultMaxRedirects)
 			}
-			return checkURL(req, o.AllowLoopback)
+			return checkURL(req, o.AllowLoopback, o.Allow)
 		},
 	}
 }
 
 // checkURL refuses non-https requests, and literal addresses the dial
 // check would refuse anyway (to fail with a clear error before dialling).
-func checkURL(req *http.Request, allowLoopback bool) error {
+func checkURL(req *http.Request, allowLoopback bool, allow *Allowlist) error {
 	if req.URL.Scheme != "https" {
 		return fmt.Errorf("%w: %q", ErrScheme, req.URL.Scheme)
 	}
@@ -109,14 +118,14 @@ func checkURL(req *http.Request, allowLoopback bool) error {
 		return errors.New("safehttp: URLs with credentials are not fetched")
 	}
 	if ip, err := netip.ParseAddr(req.URL.Hostname()); err == nil {
-		if err := CheckAddr(ip, allowLoopback); err != nil {
+		if err := CheckAddr(ip, allowLoopback); err != nil && !allow.permits(req.URL.Hostname(), ip) {
 			return err
 		}
 	}
 	return nil
 }
 
-func checkDial(network, address string, allowLoopback bool) error {
+func checkDial(network, address, host string, allowLoopback bool, allow *Allowlist) error {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:
@@ -126,7 +135,10 @@ func checkDial(network, address string, allowLoopback bool) error {
 	if err != nil {
 		return fmt.Errorf("%w: %q", ErrRefusedAddress, address)
 	}
-	return CheckAddr(ap.Addr(), allowLoopback)
+	if err := CheckAddr(ap.Addr(), allowLoopback); err != nil && !allow.permits(host, ap.Addr()) {
+		return err
+	}
+	return nil
 }
 
 // refused are the ranges that are not public unicast, beyond what the
@@ -191,10 +203,11 @@ type guard struct {
 	next          http.RoundTripper
 	maxBody       int64
 	allowLoopback bool
+	allow         *Allowlist
 }
 
 func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
-	if err := checkURL(req, g.allowLoopback); err != nil {
+	if err := checkURL(req, g.allowLoopback, g.allow); err != nil {
 		return nil, err
 	}
 	res, err := g.next.RoundTrip(req)
@@ -280,4 +293,44 @@ func TLSConfig(extra []*x509.Certificate) *tls.Config {
 		c.RootCAs = pool
 	}
 	return c
+}
+
+// DialGuard refuses, in a dialer's Control hook (after DNS resolution, on
+// the address actually dialled), every address CheckAddr refuses and the
+// machine's own interface addresses: a request from this service never
+// reaches the service's host, even on a public address.
+type DialGuard struct {
+	allowLoopback bool
+	own           map[netip.Addr]bool
+}
+
+// NewDialGuard collects the machine's own (non-loopback) addresses.
+func NewDialGuard(allowLoopback bool) *DialGuard {
+	g := &DialGuard{allowLoopback: allowLoopback, own: map[netip.Addr]bool{}}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLoopback() {
+				g.own[p.Addr().Unmap()] = true
+			}
+		}
+	}
+	return g
+}
+
+// Control is a net.Dialer Control hook.
+func (g *DialGuard) Control(network, address string, _ syscall.RawConn) error {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return fmt.Errorf("%w: network %s", ErrRefusedAddress, network)
+	}
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: %s", ErrRefusedAddress, address)
+	}
+	ip := ap.Addr().Unmap()
+	if g.own[ip] {
+		return fmt.Errorf("%w: %s is one of this service's own addresses", ErrRefusedAddress, ip)
+	}
+	return CheckAddr(ip, g.allowLoopback)
 }

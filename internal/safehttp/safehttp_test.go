@@ -193,3 +193,51 @@ func TestExtraRootsFromFile(t *testing.T) {
 		t.Fatal("a missing file accepted")
 	}
 }
+
+// An operator's allowlist opens the listed non-public destinations (an
+// identity provider on the private network) and nothing else: not a
+// redirect to an unlisted address, not loopback by hostname, never the
+// metadata address.
+func TestAllowlist(t *testing.T) {
+	t.Parallel()
+	var srv *httptest.Server
+	srv = tlsServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ok":
+			io.WriteString(w, "hello")
+		case "/to-unlisted":
+			http.Redirect(w, r, "https://127.0.0.2"+strings.TrimPrefix(srv.URL, "https://127.0.0.1")+"/ok", http.StatusFound)
+		}
+	})
+	client := func(entries ...string) *http.Client {
+		a, err := safehttp.ParseAllowlist(entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return safehttp.New(safehttp.Options{ExtraRoots: []*x509.Certificate{srv.Certificate()}, Allow: a, Timeout: 2 * time.Second})
+	}
+	if _, err := get(client(), srv.URL+"/ok"); !errors.Is(err, safehttp.ErrRefusedAddress) {
+		t.Fatalf("unlisted loopback issuer: %v", err)
+	}
+	if body, err := get(client("127.0.0.1/32"), srv.URL+"/ok"); err != nil || body != "hello" {
+		t.Fatalf("listed range: %q %v", body, err)
+	}
+	if body, err := get(client("127.0.0.1"), srv.URL+"/ok"); err != nil || body != "hello" {
+		t.Fatalf("listed address: %q %v", body, err)
+	}
+	if _, err := get(client("127.0.0.1/32"), srv.URL+"/to-unlisted"); !errors.Is(err, safehttp.ErrRefusedAddress) {
+		t.Fatalf("redirect to an unlisted address: %v", err)
+	}
+	port := strings.TrimPrefix(srv.URL, "https://127.0.0.1")
+	if _, err := get(client("localhost"), "https://localhost"+port+"/ok"); !errors.Is(err, safehttp.ErrRefusedAddress) {
+		t.Fatalf("loopback through a listed hostname: %v", err)
+	}
+	if _, err := get(client("169.254.0.0/16", "169.254.169.254"), "https://169.254.169.254/latest/meta-data"); !errors.Is(err, safehttp.ErrRefusedAddress) {
+		t.Fatalf("metadata address: %v", err)
+	}
+	for _, bad := range []string{"10.0.0.0/33", "a b", "keycloak:8443", "https://idp"} {
+		if _, err := safehttp.ParseAllowlist([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/sse"
@@ -49,6 +50,10 @@ type Server struct {
 	// ChatSSE tunes the chat event streams of the REST door.
 	ChatSSE    sse.Options
 	Federation *federation.Service
+	// Warning, when set, is reported by /readyz (interns run unjailed).
+	Warning string
+	// Metrics, when set, counts every request (serve --metrics-listen).
+	Metrics *metrics.Metrics
 }
 
 // New builds the services over db, with kek wrapping the service's own keys.
@@ -117,13 +122,21 @@ func (s *Server) Handler() http.Handler {
 			httpx.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 			return
 		}
-		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		body := map[string]string{"status": "ready"}
+		if s.Warning != "" {
+			body["warning"] = s.Warning
+		}
+		httpx.WriteJSON(w, http.StatusOK, body)
 	})
 	mux.Handle("/", web.Handler())
 	mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
 	})
-	return httpx.AccessLog(s.Log, mux)
+	var observe func(string, string, int, time.Duration)
+	if s.Metrics != nil {
+		observe = s.Metrics.Request
+	}
+	return httpx.AccessLog(s.Log, httpx.StreamDeadlines(mux, sse.DefaultWriteTimeout), observe)
 }
 
 // HTTPServer wraps h in an http.Server that speaks HTTP/1.1 and h2c, with

@@ -102,23 +102,29 @@ type APIKey struct {
 const (
 	InternProvisioning = "provisioning"
 	InternRunning      = "running"
-	InternSuspended    = "suspended"
-	InternDeleted      = "deleted"
+	// InternSleeping: the local provisioner stopped the idle intern's jail;
+	// its sessions stay on disk and the next turn wakes it.
+	InternSleeping  = "sleeping"
+	InternSuspended = "suspended"
+	InternDeleted   = "deleted"
 )
 
 // Intern is a hosted agent's record.
 type Intern struct {
 	bun.BaseModel `bun:"table:interns"`
 
-	ID             string     `bun:"id,pk"`
-	OrganizationID string     `bun:"organization_id,notnull"`
-	WorkspaceID    string     `bun:"workspace_id,notnull"`
-	Name           string     `bun:"name,notnull"`
-	Model          string     `bun:"model,notnull"`
-	State          string     `bun:"state,notnull"`
-	CreatedBy      string     `bun:"created_by,notnull"`
-	CreatedAt      time.Time  `bun:"created_at,notnull"`
-	UpdatedAt      *time.Time `bun:"updated_at"`
+	ID             string `bun:"id,pk"`
+	OrganizationID string `bun:"organization_id,notnull"`
+	WorkspaceID    string `bun:"workspace_id,notnull"`
+	Name           string `bun:"name,notnull"`
+	Model          string `bun:"model,notnull"`
+	// Agent names the intern's agent: "" or "cohort" is the built-in one,
+	// other names are the operator's catalog (internal/agents).
+	Agent     string     `bun:"agent,notnull"`
+	State     string     `bun:"state,notnull"`
+	CreatedBy string     `bun:"created_by,notnull"`
+	CreatedAt time.Time  `bun:"created_at,notnull"`
+	UpdatedAt *time.Time `bun:"updated_at"`
 	// DaemonURL is where the intern's daemon listens (internal/provision).
 	DaemonURL string `bun:"daemon_url,notnull"`
 	// DaemonSecret is the daemon's secret wrapped by the KEK, base64.

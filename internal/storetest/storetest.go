@@ -30,9 +30,14 @@ func AdminURL() string {
 
 // SQLite returns a migrated SQLite database in t's temporary directory.
 func SQLite(t testing.TB) *bun.DB {
+	return SQLiteSync(t, "FULL")
+}
+
+// SQLiteSync is SQLite with another synchronous setting (benchmarks).
+func SQLiteSync(t testing.TB, synchronous string) *bun.DB {
 	t.Helper()
 	ctx := context.Background()
-	db, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "cohort.db"))
+	db, err := store.OpenSQLiteSync(ctx, filepath.Join(t.TempDir(), "cohort.db"), synchronous)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,8 @@ func BenchmarkPut(b *testing.B) {
 	for _, st := range []struct {
 		name string
 		open func(testing.TB) *bun.DB
-	}{{"sqlite", storetest.SQLite}, {"postgres", storetest.Postgres}} {
+	}{{"sqlite", storetest.SQLite}, {"sqlite-normal-sync", func(t testing.TB) *bun.DB { return storetest.SQLiteSync(t, "NORMAL") }},
+		{"postgres", storetest.Postgres}} {
 		b.Run(st.name, func(b *testing.B) {
 			e := testenv.New(b, st.open(b))
 			client := e.HTTPClient()

@@ -83,6 +83,7 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (string, erro
 		rec.Outcome = OutcomeRefused
 		value = ""
 	}
+	s.observe("release", rec.Outcome)
 	// The audit is written even when the caller has gone: a decision
 	// taken is a decision recorded.
 	if _, aerr := s.DB.NewInsert().Model(rec).Exec(context.WithoutCancel(ctx)); aerr != nil {

@@ -1,8 +1,11 @@
 package vault_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
@@ -259,4 +263,44 @@ func TestConcurrentFirstWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A gzip body is stored as its decompressed JSON, the bound applying to
+// what it decompresses to; an encoding the gateway does not speak is a 415
+// that stores nothing.
+func TestEncodedBodies(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t, storetest.SQLite(t))
+	put := func(name, enc string, body []byte) (int, string) {
+		req, _ := http.NewRequest("PUT", e.URL+secretPath(e.InternID, name), bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", enc)
+		res, err := e.HTTPClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		zw.Write([]byte(s))
+		zw.Close()
+		return b.Bytes()
+	}
+	body := putBody(t, []string{"x.com"}, "v")
+	if st, resp := put("zipped", "gzip", gz(body)); st != 201 {
+		t.Fatalf("gzip body: %d %s", st, resp)
+	}
+	// Small on the wire, past the 425,000-byte bound once decompressed.
+	st, resp := put("bomb", "gzip", gz(body+strings.Repeat(" ", 425001-len(body))))
+	wantError(t, st, resp, 413, "payload_too_large", "425000")
+	st, resp = put("brotli", "br", []byte(body))
+	wantError(t, st, resp, 415, "bad_request", "Content-Encoding")
+	if got := counts(t, e); got != "vaults=1 vault_secrets=1 vault_releases=0" {
+		t.Fatalf("rows: %s", got)
+	}
 }

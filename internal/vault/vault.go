@@ -59,8 +59,17 @@ type Service struct {
 	// without port) on which every vault request is refused: secrets are
 	// only handled on the global hostname.
 	RegionalHosts []string
+	// Observe, when set, counts writes ("write", "stored") and release
+	// decisions ("release", "released"|"refused") (internal/metrics).
+	Observe func(event, outcome string)
 
 	keys keyCache
+}
+
+func (s *Service) observe(event, outcome string) {
+	if s.Observe != nil {
+		s.Observe(event, outcome)
+	}
 }
 
 func (s *Service) now() time.Time { return store.Now(s.Now) }
@@ -209,6 +218,7 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 	if err != nil {
 		return nil, err
 	}
+	s.observe("write", "stored")
 	return &cohortv1.PutInternSecretResponse{Secret: metadata(row), Created: created}, nil
 }
 
@@ -226,6 +236,7 @@ func (s *Service) PutWorkspace(ctx context.Context, p *auth.Principal, requestHo
 	if err != nil {
 		return nil, err
 	}
+	s.observe("write", "stored")
 	return &cohortv1.PutWorkspaceSecretResponse{Secret: metadata(row), Created: created}, nil
 }
 

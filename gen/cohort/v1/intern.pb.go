@@ -29,10 +29,15 @@ type Intern struct {
 	Name        string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	// The model the intern runs, for example "cohort/demo".
 	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
-	// "provisioning", "running", "suspended" or "deleted".
-	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// "provisioning", "running", "sleeping" (idle: its jail is stopped and
+	// the next turn wakes it), "suspended" or "deleted".
+	State     string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// The agent the intern runs: "cohort" (the built-in agent) or a name the
+	// operator allows ("claude", "codex", "opencode", "gemini", or a custom
+	// command's name). Changing it restarts the intern's jail.
+	Agent         string `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -116,11 +121,20 @@ func (x *Intern) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Intern) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
 type CreateInternRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkspaceId   string                 `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Model         string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	WorkspaceId string                 `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
+	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Model       string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// Empty: "cohort", the built-in agent.
+	Agent         string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,6 +186,13 @@ func (x *CreateInternRequest) GetName() string {
 func (x *CreateInternRequest) GetModel() string {
 	if x != nil {
 		return x.Model
+	}
+	return ""
+}
+
+func (x *CreateInternRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
 	}
 	return ""
 }
@@ -401,6 +422,7 @@ type UpdateInternRequest struct {
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Name          *string                `protobuf:"bytes,2,opt,name=name,proto3,oneof" json:"name,omitempty"`
 	Model         *string                `protobuf:"bytes,3,opt,name=model,proto3,oneof" json:"model,omitempty"`
+	Agent         *string                `protobuf:"bytes,4,opt,name=agent,proto3,oneof" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +474,13 @@ func (x *UpdateInternRequest) GetName() string {
 func (x *UpdateInternRequest) GetModel() string {
 	if x != nil && x.Model != nil {
 		return *x.Model
+	}
+	return ""
+}
+
+func (x *UpdateInternRequest) GetAgent() string {
+	if x != nil && x.Agent != nil {
+		return *x.Agent
 	}
 	return ""
 }
@@ -768,7 +797,7 @@ var File_cohort_v1_intern_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_intern_proto_rawDesc = "" +
 	"\n" +
-	"\x16cohort/v1/intern.proto\x12\tcohort.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n" +
+	"\x16cohort/v1/intern.proto\x12\tcohort.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x02\n" +
 	"\x06Intern\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x12\n" +
@@ -778,11 +807,13 @@ const file_cohort_v1_intern_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"b\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
+	"\x05agent\x18\b \x01(\tR\x05agent\"x\n" +
 	"\x13CreateInternRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
-	"\x05model\x18\x03 \x01(\tR\x05model\"A\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x14\n" +
+	"\x05agent\x18\x04 \x01(\tR\x05agent\"A\n" +
 	"\x14CreateInternResponse\x12)\n" +
 	"\x06intern\x18\x01 \x01(\v2\x11.cohort.v1.InternR\x06intern\"\"\n" +
 	"\x10GetInternRequest\x12\x0e\n" +
@@ -792,13 +823,15 @@ const file_cohort_v1_intern_proto_rawDesc = "" +
 	"\x12ListInternsRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\"B\n" +
 	"\x13ListInternsResponse\x12+\n" +
-	"\ainterns\x18\x01 \x03(\v2\x11.cohort.v1.InternR\ainterns\"l\n" +
+	"\ainterns\x18\x01 \x03(\v2\x11.cohort.v1.InternR\ainterns\"\x91\x01\n" +
 	"\x13UpdateInternRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\x04name\x18\x02 \x01(\tH\x00R\x04name\x88\x01\x01\x12\x19\n" +
-	"\x05model\x18\x03 \x01(\tH\x01R\x05model\x88\x01\x01B\a\n" +
+	"\x05model\x18\x03 \x01(\tH\x01R\x05model\x88\x01\x01\x12\x19\n" +
+	"\x05agent\x18\x04 \x01(\tH\x02R\x05agent\x88\x01\x01B\a\n" +
 	"\x05_nameB\b\n" +
-	"\x06_model\"A\n" +
+	"\x06_modelB\b\n" +
+	"\x06_agent\"A\n" +
 	"\x14UpdateInternResponse\x12)\n" +
 	"\x06intern\x18\x01 \x01(\v2\x11.cohort.v1.InternR\x06intern\"&\n" +
 	"\x14SuspendInternRequest\x12\x0e\n" +

@@ -162,8 +162,11 @@ func runConfined(ctx context.Context, s Spec, out *capped) (int, error) {
 	}
 	j, err := jail.Start(jail.Spec{
 		Argv: []string{"/bin/sh", "-c", s.Command}, Env: Environ(os.Environ()), Dir: s.Dir,
+		// Everything read-only, the work directory included (bound again
+		// in case it is under /tmp): only the jail's private /tmp takes
+		// writes until the caller escalates.
 		Inherit: true, UserNS: true, Hostname: "sandbox",
-		Binds: []jail.Bind{{Src: s.Dir, Dst: s.Dir, Writable: true}},
+		Binds: []jail.Bind{{Src: s.Dir, Dst: s.Dir}},
 	}, jail.Options{Stdout: w, Stderr: w})
 	w.Close()
 	if err != nil {

@@ -25,6 +25,7 @@ func needSandbox(t *testing.T) {
 func TestConfined(t *testing.T) {
 	needSandbox(t)
 	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "seed"), []byte("seed\n"), 0o644)
 	outside := t.TempDir()
 	cases := []struct {
 		name    string
@@ -32,7 +33,8 @@ func TestConfined(t *testing.T) {
 		want    string
 		exit    int
 	}{
-		{"work dir writable", "echo hi > f && cat f", "hi\n", 0},
+		{"work dir read-only", "touch f 2>/dev/null || echo refused", "refused\n", 0},
+		{"work dir readable", "cat seed", "seed\n", 0},
 		{"root read-only", "touch " + filepath.Join(outside, "x") + " 2>/dev/null || echo refused", "refused\n", 0},
 		{"etc read-only", "touch /etc/cohort-sandbox-probe 2>/dev/null || echo refused", "refused\n", 0},
 		{"private tmp", "echo t > /tmp/probe && cat /tmp/probe", "t\n", 0},

@@ -1,5 +1,6 @@
-// Interns: per workspace, list with state, create with a model, change the
-// model, suspend, resume, delete; links to the playground and the vault.
+// Interns: per workspace, list with state, create with a model and an
+// agent, change either, suspend, resume, delete; links to the playground and
+// the vault.
 import { interns, errorText } from "../api";
 import type { Intern } from "../gen/cohort/v1/intern_pb";
 import { h, message, field, input, button, rule, validate, table, row, when, required, maxRunes, confirmButton, actions } from "../dom";
@@ -21,7 +22,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
       const res = await interns.listInterns({ workspaceId: ws.value });
       list.replaceChildren(
         res.interns.length
-          ? table("Interns", ["Name", "Model", "State", "Id", "Created", "Actions"], res.interns.map(internRow))
+          ? table("Interns", ["Name", "Model", "Agent", "State", "Id", "Created", "Actions"], res.interns.map(internRow))
           : message("note", "No interns in this workspace yet."),
       );
     } catch (err) {
@@ -47,17 +48,34 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
       model,
       h("button", { type: "submit", class: "secondary", "aria-label": `Save the model of ${i.name}` }, "Save"),
     );
+    // The gateway's catalog decides which names are allowed; its refusal
+    // lists them.
+    const agent = rule(input({ value: i.agent, "aria-label": `Agent of ${i.name}`, class: "inline", spellcheck: "false" }), required("agent"), maxRunes("agent", 32));
+    const editAgent = h(
+      "form",
+      {
+        class: "inline",
+        novalidate: true,
+        onsubmit: (e: Event) => {
+          e.preventDefault();
+          if (validate(e.target as HTMLElement)) void act("Agent changed", () => interns.updateIntern({ id: i.id, agent: agent.value }))();
+        },
+      },
+      agent,
+      h("button", { type: "submit", class: "secondary", "aria-label": `Save the agent of ${i.name}` }, "Save"),
+    );
     const live = i.state !== "deleted";
     return row(
       i.name,
       edit,
+      editAgent,
       h("span", { class: `state state-${i.state}` }, i.state),
       h("span", { class: "mono" }, i.id),
       when(i.createdAt),
       h(
         "div",
         { class: "actions" },
-        i.state === "running" ? h("a", { href: `#/chat/${i.id}`, class: "button" }, "Chat") : null,
+        i.state === "running" || i.state === "sleeping" ? h("a", { href: `#/chat/${i.id}`, class: "button" }, "Chat") : null,
         h("a", { href: `#/vault/${i.id}`, class: "button secondary" }, "Secrets"),
         i.state === "suspended"
           ? button("Resume", act("Resumed", () => interns.resumeIntern({ id: i.id })), { class: "secondary", "aria-label": `Resume ${i.name}` })
@@ -71,6 +89,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
 
   const name = rule(input({ name: "intern_name", required: true, autocomplete: "off" }), required("name"), maxRunes("name", 100));
   const model = rule(input({ name: "model", value: "cohort/demo", required: true, spellcheck: "false" }), required("model"), maxRunes("model", 256));
+  const agent = rule(input({ name: "agent", value: "cohort", required: true, spellcheck: "false" }), required("agent"), maxRunes("agent", 32));
   const form = h(
     "form",
     {
@@ -79,7 +98,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
         e.preventDefault();
         if (!validate(e.target as HTMLElement)) return;
         try {
-          const res = await interns.createIntern({ workspaceId: ws.value, name: name.value, model: model.value });
+          const res = await interns.createIntern({ workspaceId: ws.value, name: name.value, model: model.value, agent: agent.value });
           out.replaceChildren(message("ok", `Created ${res.intern?.name} (${res.intern?.state})`));
           name.value = "";
           await load();
@@ -90,6 +109,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
     },
     field("Name", name, "1 to 100 characters."),
     field("Model", model, "The model the intern runs, for example cohort/demo."),
+    field("Agent", agent, "cohort (built in), or an agent this gateway allows: claude, codex, opencode, gemini when installed."),
     h("button", { type: "submit" }, "Create intern"),
   );
   ws.addEventListener("change", () => void load());

@@ -138,8 +138,12 @@ type StartTurnRequest struct {
 	// 0 to 256 characters; empty starts a new session with a fresh id.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The prompt text, at most 32000 characters.
-	Prompt        string       `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
-	ApprovalMode  ApprovalMode `protobuf:"varint,3,opt,name=approval_mode,json=approvalMode,proto3,enum=cohort.internd.v1.ApprovalMode" json:"approval_mode,omitempty"`
+	Prompt       string       `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	ApprovalMode ApprovalMode `protobuf:"varint,3,opt,name=approval_mode,json=approvalMode,proto3,enum=cohort.internd.v1.ApprovalMode" json:"approval_mode,omitempty"`
+	// Who asks, as the gateway names them ("user:<id>" for a personal key,
+	// "key:<id>" otherwise), at most 128 characters; empty for callers the
+	// daemon cannot tell apart. The daemon bounds the paused runs of each.
+	Caller        string `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +197,13 @@ func (x *StartTurnRequest) GetApprovalMode() ApprovalMode {
 		return x.ApprovalMode
 	}
 	return ApprovalMode_APPROVAL_MODE_UNSPECIFIED
+}
+
+func (x *StartTurnRequest) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
 }
 
 type AnswerRequest struct {
@@ -581,14 +592,17 @@ type StatusResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	InternId string                 `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
 	// The ACP agent's name and version as it reported them at initialize.
-	Agent      string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
-	Model      string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	Sessions   int32  `protobuf:"varint,4,opt,name=sessions,proto3" json:"sessions,omitempty"`
-	LiveRuns   int32  `protobuf:"varint,5,opt,name=live_runs,json=liveRuns,proto3" json:"live_runs,omitempty"`
-	PausedRuns int32  `protobuf:"varint,6,opt,name=paused_runs,json=pausedRuns,proto3" json:"paused_runs,omitempty"`
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// Sessions kept (their files, in memory or not).
+	Sessions   int32 `protobuf:"varint,4,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	LiveRuns   int32 `protobuf:"varint,5,opt,name=live_runs,json=liveRuns,proto3" json:"live_runs,omitempty"`
+	PausedRuns int32 `protobuf:"varint,6,opt,name=paused_runs,json=pausedRuns,proto3" json:"paused_runs,omitempty"`
 	// Why the agent is not available (it exited, or never answered
 	// initialize); empty while it is up. The daemon itself stays up.
-	AgentError    string `protobuf:"bytes,7,opt,name=agent_error,json=agentError,proto3" json:"agent_error,omitempty"`
+	AgentError string `protobuf:"bytes,7,opt,name=agent_error,json=agentError,proto3" json:"agent_error,omitempty"`
+	// Sessions held in memory (used recently); sessions counts them all.
+	LiveSessions  int32 `protobuf:"varint,8,opt,name=live_sessions,json=liveSessions,proto3" json:"live_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -670,6 +684,13 @@ func (x *StatusResponse) GetAgentError() string {
 		return x.AgentError
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetLiveSessions() int32 {
+	if x != nil {
+		return x.LiveSessions
+	}
+	return 0
 }
 
 // RunEvent is one numbered event of a run.
@@ -1427,12 +1448,13 @@ var File_cohort_internd_v1_internd_proto protoreflect.FileDescriptor
 
 const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcohort/internd/v1/internd.proto\x12\x11cohort.internd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n" +
+	"\x1fcohort/internd/v1/internd.proto\x12\x11cohort.internd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x01\n" +
 	"\x10StartTurnRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12D\n" +
-	"\rapproval_mode\x18\x03 \x01(\x0e2\x1f.cohort.internd.v1.ApprovalModeR\fapprovalMode\"m\n" +
+	"\rapproval_mode\x18\x03 \x01(\x0e2\x1f.cohort.internd.v1.ApprovalModeR\fapprovalMode\x12\x16\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\"m\n" +
 	"\rAnswerRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12%\n" +
@@ -1454,7 +1476,7 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\".\n" +
 	"\x0eCancelResponse\x12\x1c\n" +
 	"\tcancelled\x18\x01 \x01(\bR\tcancelled\"\x0f\n" +
-	"\rStatusRequest\"\xd4\x01\n" +
+	"\rStatusRequest\"\xf9\x01\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x14\n" +
@@ -1464,7 +1486,8 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"\vpaused_runs\x18\x06 \x01(\x05R\n" +
 	"pausedRuns\x12\x1f\n" +
 	"\vagent_error\x18\a \x01(\tR\n" +
-	"agentError\"\xb2\x03\n" +
+	"agentError\x12#\n" +
+	"\rlive_sessions\x18\b \x01(\x05R\fliveSessions\"\xb2\x03\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x14\n" +

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cohort/v1/intern.proto.
  */
 export const file_cohort_v1_intern: GenFile = /*@__PURE__*/
-  fileDesc("ChZjb2hvcnQvdjEvaW50ZXJuLnByb3RvEgljb2hvcnQudjEitgEKBkludGVybhIKCgJpZBgBIAEoCRIUCgx3b3Jrc3BhY2VfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVtb2RlbBgEIAEoCRINCgVzdGF0ZRgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJIChNDcmVhdGVJbnRlcm5SZXF1ZXN0EhQKDHdvcmtzcGFjZV9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW1vZGVsGAMgASgJIjkKFENyZWF0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4iHgoQR2V0SW50ZXJuUmVxdWVzdBIKCgJpZBgBIAEoCSI2ChFHZXRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIioKEkxpc3RJbnRlcm5zUmVxdWVzdBIUCgx3b3Jrc3BhY2VfaWQYASABKAkiOQoTTGlzdEludGVybnNSZXNwb25zZRIiCgdpbnRlcm5zGAEgAygLMhEuY29ob3J0LnYxLkludGVybiJbChNVcGRhdGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJEhEKBG5hbWUYAiABKAlIAIgBARISCgVtb2RlbBgDIAEoCUgBiAEBQgcKBV9uYW1lQggKBl9tb2RlbCI5ChRVcGRhdGVJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiIKFFN1c3BlbmRJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjoKFVN1c3BlbmRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiEKE1Jlc3VtZUludGVyblJlcXVlc3QSCgoCaWQYASABKAkiOQoUUmVzdW1lSW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIhChNEZWxldGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjkKFERlbGV0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4yvQQKDUludGVyblNlcnZpY2USTwoMQ3JlYXRlSW50ZXJuEh4uY29ob3J0LnYxLkNyZWF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuQ3JlYXRlSW50ZXJuUmVzcG9uc2USRgoJR2V0SW50ZXJuEhsuY29ob3J0LnYxLkdldEludGVyblJlcXVlc3QaHC5jb2hvcnQudjEuR2V0SW50ZXJuUmVzcG9uc2USTAoLTGlzdEludGVybnMSHS5jb2hvcnQudjEuTGlzdEludGVybnNSZXF1ZXN0Gh4uY29ob3J0LnYxLkxpc3RJbnRlcm5zUmVzcG9uc2USTwoMVXBkYXRlSW50ZXJuEh4uY29ob3J0LnYxLlVwZGF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuVXBkYXRlSW50ZXJuUmVzcG9uc2USUgoNU3VzcGVuZEludGVybhIfLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVxdWVzdBogLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVzcG9uc2USTwoMUmVzdW1lSW50ZXJuEh4uY29ob3J0LnYxLlJlc3VtZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuUmVzdW1lSW50ZXJuUmVzcG9uc2USTwoMRGVsZXRlSW50ZXJuEh4uY29ob3J0LnYxLkRlbGV0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuRGVsZXRlSW50ZXJuUmVzcG9uc2VCNVozZ2l0aHViLmNvbS9jb2hvcnQtZGV2L2NvaG9ydC9nZW4vY29ob3J0L3YxO2NvaG9ydHYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChZjb2hvcnQvdjEvaW50ZXJuLnByb3RvEgljb2hvcnQudjEixQEKBkludGVybhIKCgJpZBgBIAEoCRIUCgx3b3Jrc3BhY2VfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVtb2RlbBgEIAEoCRINCgVzdGF0ZRgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVhZ2VudBgIIAEoCSJXChNDcmVhdGVJbnRlcm5SZXF1ZXN0EhQKDHdvcmtzcGFjZV9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW1vZGVsGAMgASgJEg0KBWFnZW50GAQgASgJIjkKFENyZWF0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4iHgoQR2V0SW50ZXJuUmVxdWVzdBIKCgJpZBgBIAEoCSI2ChFHZXRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIioKEkxpc3RJbnRlcm5zUmVxdWVzdBIUCgx3b3Jrc3BhY2VfaWQYASABKAkiOQoTTGlzdEludGVybnNSZXNwb25zZRIiCgdpbnRlcm5zGAEgAygLMhEuY29ob3J0LnYxLkludGVybiJ5ChNVcGRhdGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJEhEKBG5hbWUYAiABKAlIAIgBARISCgVtb2RlbBgDIAEoCUgBiAEBEhIKBWFnZW50GAQgASgJSAKIAQFCBwoFX25hbWVCCAoGX21vZGVsQggKBl9hZ2VudCI5ChRVcGRhdGVJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiIKFFN1c3BlbmRJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjoKFVN1c3BlbmRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiEKE1Jlc3VtZUludGVyblJlcXVlc3QSCgoCaWQYASABKAkiOQoUUmVzdW1lSW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIhChNEZWxldGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjkKFERlbGV0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4yvQQKDUludGVyblNlcnZpY2USTwoMQ3JlYXRlSW50ZXJuEh4uY29ob3J0LnYxLkNyZWF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuQ3JlYXRlSW50ZXJuUmVzcG9uc2USRgoJR2V0SW50ZXJuEhsuY29ob3J0LnYxLkdldEludGVyblJlcXVlc3QaHC5jb2hvcnQudjEuR2V0SW50ZXJuUmVzcG9uc2USTAoLTGlzdEludGVybnMSHS5jb2hvcnQudjEuTGlzdEludGVybnNSZXF1ZXN0Gh4uY29ob3J0LnYxLkxpc3RJbnRlcm5zUmVzcG9uc2USTwoMVXBkYXRlSW50ZXJuEh4uY29ob3J0LnYxLlVwZGF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuVXBkYXRlSW50ZXJuUmVzcG9uc2USUgoNU3VzcGVuZEludGVybhIfLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVxdWVzdBogLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVzcG9uc2USTwoMUmVzdW1lSW50ZXJuEh4uY29ob3J0LnYxLlJlc3VtZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuUmVzdW1lSW50ZXJuUmVzcG9uc2USTwoMRGVsZXRlSW50ZXJuEh4uY29ob3J0LnYxLkRlbGV0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuRGVsZXRlSW50ZXJuUmVzcG9uc2VCNVozZ2l0aHViLmNvbS9jb2hvcnQtZGV2L2NvaG9ydC9nZW4vY29ob3J0L3YxO2NvaG9ydHYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message cohort.v1.Intern
@@ -41,7 +41,8 @@ export type Intern = Message<"cohort.v1.Intern"> & {
   model: string;
 
   /**
-   * "provisioning", "running", "suspended" or "deleted".
+   * "provisioning", "running", "sleeping" (idle: its jail is stopped and
+   * the next turn wakes it), "suspended" or "deleted".
    *
    * @generated from field: string state = 5;
    */
@@ -56,6 +57,15 @@ export type Intern = Message<"cohort.v1.Intern"> & {
    * @generated from field: google.protobuf.Timestamp updated_at = 7;
    */
   updatedAt?: Timestamp | undefined;
+
+  /**
+   * The agent the intern runs: "cohort" (the built-in agent) or a name the
+   * operator allows ("claude", "codex", "opencode", "gemini", or a custom
+   * command's name). Changing it restarts the intern's jail.
+   *
+   * @generated from field: string agent = 8;
+   */
+  agent: string;
 };
 
 /**
@@ -83,6 +93,13 @@ export type CreateInternRequest = Message<"cohort.v1.CreateInternRequest"> & {
    * @generated from field: string model = 3;
    */
   model: string;
+
+  /**
+   * Empty: "cohort", the built-in agent.
+   *
+   * @generated from field: string agent = 4;
+   */
+  agent: string;
 };
 
 /**
@@ -195,6 +212,11 @@ export type UpdateInternRequest = Message<"cohort.v1.UpdateInternRequest"> & {
    * @generated from field: optional string model = 3;
    */
   model?: string | undefined;
+
+  /**
+   * @generated from field: optional string agent = 4;
+   */
+  agent?: string | undefined;
 };
 
 /**

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/procstat"
+)
+
+// benchSessions is `cohort bench sessions`: one real daemon (`cohort
+// intern`) with the built-in agent takes turns in many new sessions; its
+// and its agent's resident memory are read fresh, right after, and once
+// the idle sessions have left memory.
+//
+//	cohort bench sessions [--sessions 10000] [--idle-ttl 5s]
+func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench sessions", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("sessions", 10000, "new sessions, one turn each")
+	parallel := fs.Int("parallel", 8, "turns at once")
+	ttl := fs.Duration("idle-ttl", 5*time.Second, "the daemon's session idle TTL (the agent's is twice it)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n < 1 || *parallel < 1 || *ttl <= 0 {
+		return errors.New("bench sessions: want --sessions ≥ 1, --parallel ≥ 1 and a positive --idle-ttl")
+	}
+	self, dir, err := benchDir("sessions")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	secret := "bench-sessions-secret"
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte(secret), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, self, "intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
+		"--intern-id", "bench", "--secret-file", filepath.Join(dir, "secret"), "--log-level", "warn",
+		"--session-idle-ttl", ttl.String())
+	cmd.Env = append(os.Environ(), "COHORT_AGENT_SESSION_IDLE_TTL="+(2**ttl).String())
+	base, err := startListening(cmd, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: bearer{rt: &http.Transport{Protocols: &protos}, header: "Bearer " + secret}}
+	client := interndv1connect.NewInternDaemonServiceClient(hc, base)
+	turn := func(session string) error {
+		st, err := client.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: session, Prompt: "hello",
+			ApprovalMode: pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE}))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for st.Receive() {
+		}
+		return st.Err()
+	}
+	rss := func() (daemon, agent float64) {
+		tree := procstat.Tree(cmd.Process.Pid)
+		daemon = procstat.RSS(tree[0])
+		for _, p := range tree[1:] {
+			agent += procstat.RSS(p)
+		}
+		return daemon / (1 << 20), agent / (1 << 20)
+	}
+	if err := turn("warm"); err != nil {
+		return err
+	}
+	time.Sleep(time.Second)
+	d0, a0 := rss()
+
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	t0 := time.Now()
+	for range *parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(*n) {
+					return
+				}
+				if err := turn("s-" + strconv.FormatInt(i, 10)); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	took := time.Since(t0)
+	d1, a1 := rss()
+	st, err := client.Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return err
+	}
+	live1 := st.Msg.GetLiveSessions()
+	time.Sleep(2**ttl + 3*time.Second)
+	d2, a2 := rss()
+	st, err = client.Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d sessions, one turn each, in %s (%d at once)\n", *n, took.Round(time.Millisecond), *parallel)
+	fmt.Fprintf(stdout, "%-28s %10s %10s %14s\n", "", "daemon", "agent", "live sessions")
+	fmt.Fprintf(stdout, "%-28s %7.1f MiB %7.1f MiB %14d\n", "fresh", d0, a0, 1)
+	fmt.Fprintf(stdout, "%-28s %7.1f MiB %7.1f MiB %14d\n", "after the turns", d1, a1, live1)
+	fmt.Fprintf(stdout, "%-28s %7.1f MiB %7.1f MiB %14d\n", "after the idle TTLs", d2, a2, st.Msg.GetLiveSessions())
+	fmt.Fprintf(stdout, "ratio to fresh, after the TTLs: daemon %.2f×, agent %.2f× (goal ≤ 2×); sessions kept: %d\n", d2/d0, a2/a0, st.Msg.GetSessions())
+	return nil
+}

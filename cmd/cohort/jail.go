@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/server"
+)
+
+// modelKeyPlaceholder is the model key agents hold inside a jail; the
+// model relay puts the real one in its place on the way out.
+const modelKeyPlaceholder = provision.KeyPlaceholder
+
+// unsafeWarning is logged at start and reported by /readyz.
+const unsafeWarning = "--unsafe-shared-host: interns run unjailed as the gateway's user on its host; anyone holding a workspace key can read the gateway's keys, database and other interns"
+
+// jailInterns makes the local provisioner jail every intern, after checking
+// that this machine can: it fails closed, naming what is missing, unless
+// the operator chose --unsafe-shared-host.
+func jailInterns(prov *provision.Provisioner, srv *server.Server, cfg config.Config, gw net.Addr, stderr io.Writer) (func(), error) {
+	if cfg.UnsafeSharedHost {
+		fmt.Fprintln(stderr, "WARNING: "+unsafeWarning)
+		srv.Log.Warn(unsafeWarning)
+		srv.Warning = unsafeWarning
+		return func() {}, nil
+	}
+	baseURL := env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
+	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	gwAddr := gw.String()
+	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			gwAddr = net.JoinHostPort("127.0.0.1", port)
+		}
+	}
+	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: baseURL, ModelAPIKey: key,
+		Placeholder: modelKeyPlaceholder, Internet: true, Log: srv.Log.With("component", "egress")})
+	if err != nil {
+		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+	}
+	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly,
+		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
+	if key != "" {
+		jc.ModelKeyPlaceholder = modelKeyPlaceholder
+	}
+	if err := jc.Check(); err != nil {
+		relay.Close()
+		return nil, err
+	}
+	prov.Jail = jc
+	if err := prov.ProbeJail(); err != nil {
+		relay.Close()
+		return nil, fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
+	}
+	return func() { relay.Close() }, nil
+}
+
+// jailAgentEnv is what of the gateway's environment reaches a jailed
+// daemon and its agent: the built-in agent's settings, without the model
+// endpoint and key, which the relay stands in for.
+func jailAgentEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "COHORT_AGENT_") && name != "COHORT_AGENT_BASE_URL" && name != "COHORT_AGENT_API_KEY" {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// sqlitePath is the embedded database's file, when it is not in the data
+// directory.
+func sqlitePath(cfg config.Config) string {
+	if p, ok := strings.CutPrefix(cfg.DatabaseURL, "sqlite:"); ok {
+		return p
+	}
+	return ""
+}
+
+// binaryDir is the directory of this binary, unless it is a system one
+// (/usr/local/bin…) whose other programs interns may need: the binary
+// itself is bound into each jail on its own.
+func binaryDir() []string {
+	self, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	dir := filepath.Dir(self)
+	for _, sys := range []string{"/usr/", "/bin", "/sbin", "/opt/"} {
+		if strings.HasPrefix(dir+"/", sys) {
+			return nil
+		}
+	}
+	return []string{dir}
+}
+
+// jailedDaemon is `cohort intern --jail`: this process stays outside, holds
+// the listener, the secret and the relays, and runs the daemon (and its
+// agent) in a jail made like the local provisioner's.
+type jailedDaemon struct {
+	listen, dataDir, internID, model, secret, gatewayURL string
+	readOnly, hide, args                                 []string
+}
+
+func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writer, log *slog.Logger) error {
+	dir, err := filepath.Abs(o.dataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	gwAddr := ""
+	if o.gatewayURL != "" {
+		u, err := url.Parse(o.gatewayURL)
+		if err != nil || u.Host == "" || u.Scheme != "http" {
+			// The jail reaches the gateway through a plain relay: https
+			// would need the gateway's name inside, which it has not.
+			return fmt.Errorf("--gateway-url with --jail must be http://host:port/…, not %q", o.gatewayURL)
+		}
+		gwAddr = u.Host
+		if u.Port() == "" {
+			gwAddr = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")),
+		ModelAPIKey: key, Placeholder: modelKeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
+	if err != nil {
+		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+	}
+	defer relay.Close()
+	jc := provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.readOnly,
+		Hide: provision.HiddenPaths(append(o.hide, binaryDir()...)...)}
+	if key != "" {
+		jc.ModelKeyPlaceholder = modelKeyPlaceholder
+	}
+	if err := jc.Check(); err != nil {
+		return err
+	}
+	dj := provision.DaemonJail{InternID: o.internID, Model: o.model, HostDir: dir, Self: []string{self}, DaemonArgs: o.args, JailConfig: jc}
+	if err := jail.Probe(dj.Spec()); err != nil {
+		return fmt.Errorf("this machine cannot make the jail: %w", err)
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	lf, err := ln.(*net.TCPListener).File()
+	ln.Close()
+	if err != nil {
+		return err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	j, err := dj.Start(lf, o.secret, outW, stderrFile(stderr))
+	lf.Close()
+	outW.Close()
+	if err != nil {
+		outR.Close()
+		return err
+	}
+	// The jailed daemon prints its address (this listener's) first.
+	go func() {
+		io.Copy(stdout, outR)
+		outR.Close()
+	}()
+	select {
+	case <-j.Done():
+	case <-ctx.Done():
+		j.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-j.Done():
+		case <-time.After(5 * time.Second):
+			j.Process.Kill()
+		}
+	}
+	st, _ := j.Wait()
+	if ctx.Err() == nil && st != nil && !st.Success() {
+		return fmt.Errorf("the jailed daemon exited: %v", st)
+	}
+	return nil
+}
+
+// stderrFile is w when it is a file (the process's stderr); otherwise a
+// pipe copied to w.
+func stderrFile(w io.Writer) *os.File {
+	if f, ok := w.(*os.File); ok {
+		return f
+	}
+	r, pw, err := os.Pipe()
+	if err != nil {
+		return nil
+	}
+	go func() {
+		io.Copy(w, r)
+		r.Close()
+	}()
+	return pw
+}

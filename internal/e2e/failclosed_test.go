@@ -1,0 +1,121 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// onMachineWithoutUserNamespaces runs `cohort serve` as an unprivileged
+// user on a machine that allows no user namespaces: the gateway runs in a
+// user namespace of its own whose limit (user.max_user_namespaces, which
+// each user namespace has) is 0, as an unprivileged uid.
+func onMachineWithoutUserNamespaces(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to build the namespace-less machine")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("needs setpriv (util-linux)")
+	}
+	dir := t.TempDir()
+	os.Chmod(filepath.Dir(dir), 0o755) // t.TempDir makes its parent 0700
+	os.Chmod(dir, 0o777)
+	bin := filepath.Join(dir, "cohort")
+	data, err := os.ReadFile(cohortBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := `echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --reuid 65534 --regid 65534 --clear-groups -- "$@"`
+	cmd := exec.Command("sh", append([]string{"-c", script, "sh", bin, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(cleanEnv(), "HOME="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}},
+		GidMappingsEnableSetgroups: true}
+	return cmd
+}
+
+// Where the machine cannot make jails, the local provisioner refuses to
+// start: the error names the missing kernel feature and the remedies.
+func TestLocalProvisionerFailsClosed(t *testing.T) {
+	cmd := onMachineWithoutUserNamespaces(t)
+	cmd.WaitDelay = wait
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("serve started without jails:\n%s", out)
+	}
+	s := string(out)
+	for _, want := range []string{"cannot jail interns", "user namespaces", "user.max_user_namespaces", "--unsafe-shared-host"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "listening on") {
+		t.Errorf("it listened before refusing:\n%s", s)
+	}
+}
+
+// --unsafe-shared-host runs interns unjailed there, says so loudly at start
+// and in /readyz, and the demo intern answers.
+func TestUnsafeSharedHostWarns(t *testing.T) {
+	cmd := onMachineWithoutUserNamespaces(t, "--unsafe-shared-host")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuf{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: "unsafe gateway", cmd: cmd, stderr: stderr, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.Stop(t) })
+	lines := make(chan string, 1)
+	go func() {
+		b := make([]byte, 4096)
+		var acc string
+		for {
+			n, err := out.Read(b)
+			acc += string(b[:n])
+			if m := addrRE.FindStringSubmatch(acc); m != nil {
+				lines <- m[1]
+				io.Copy(io.Discard, out)
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case p.URL = <-lines:
+	case <-p.done:
+		t.Fatalf("exited:\n%s", stderr)
+	case <-time.After(wait):
+		t.Fatalf("did not listen:\n%s", stderr)
+	}
+	// stderr reaches us through a pipe copied apart from stdout.
+	eventually(t, "the warning at start", func() bool { return strings.Contains(stderr.String(), "WARNING: --unsafe-shared-host") })
+	res, err := http.Get(p.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]string
+	json.NewDecoder(res.Body).Decode(&body)
+	res.Body.Close()
+	if res.StatusCode != 200 || body["status"] != "ready" || !strings.Contains(body["warning"], "unjailed") {
+		t.Fatalf("/readyz: %d %v", res.StatusCode, body)
+	}
+}

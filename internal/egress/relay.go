@@ -1,0 +1,436 @@
+// Package egress is the gateway's side of a jail's relays: the only ways an
+// intern's processes reach anything outside their network namespace. Each
+// connection arrives tagged with its kind:
+//
+//   - KindGateway: spliced to the gateway's own API (the vault, for the
+//     daemon's http_request tool);
+//   - KindModel: an HTTP reverse proxy to the operator's model endpoint
+//     that puts the real model key where the agent wrote its placeholder,
+//     so the key never enters the jail;
+//   - KindInternet: an HTTP proxy (CONNECT and absolute-form requests) to
+//     public addresses only: never the gateway's loopback services, private
+//     ranges or the machine's own addresses.
+package egress
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/safehttp"
+)
+
+// Relay kinds: the byte a jail sends with each connection.
+const (
+	KindGateway  byte = 'g'
+	KindModel    byte = 'm'
+	KindInternet byte = 'i'
+)
+
+// DefaultModelBaseURL is the model endpoint when none is configured (the
+// OpenAI SDK's default, as for the built-in agent).
+const DefaultModelBaseURL = "https://api.openai.com/v1"
+
+// Config configures a Relay.
+type Config struct {
+	// GatewayAddr is host:port of the gateway's API listener; empty closes
+	// KindGateway connections.
+	GatewayAddr string
+	// ModelBaseURL is the real model endpoint (DefaultModelBaseURL when
+	// empty). Loopback and private addresses are allowed here: the
+	// operator chose it.
+	ModelBaseURL string
+	// ModelAPIKey replaces every occurrence of Placeholder in the model
+	// requests' header values; empty substitutes nothing.
+	ModelAPIKey string
+	Placeholder string
+	// ModelRoots are CAs trusted for an https model endpoint besides the
+	// system's.
+	ModelRoots []*x509.Certificate
+	// Internet enables KindInternet; otherwise every request gets 403.
+	Internet bool
+	// AllowLoopback lets KindInternet reach loopback addresses: tests only.
+	AllowLoopback bool
+	Log           *slog.Logger
+}
+
+// Relay serves relay connections. Serve may be called concurrently.
+type Relay struct {
+	cfg   Config
+	model *url.URL
+	log   *slog.Logger
+
+	modelH    http.Handler
+	internetH http.Handler
+	dialer    *net.Dialer
+	forward   *http.Transport
+	// modelTransport carries every model request, the operator's endpoint
+	// and the jails' own upstreams alike.
+	modelTransport *http.Transport
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// New validates cfg and returns a Relay.
+func New(cfg Config) (*Relay, error) {
+	if cfg.ModelBaseURL == "" {
+		cfg.ModelBaseURL = DefaultModelBaseURL
+	}
+	u, err := url.Parse(cfg.ModelBaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("egress: the model base URL must be http:// or https:// with a host, not %q", cfg.ModelBaseURL)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	r := &Relay{cfg: cfg, model: u, log: cfg.Log, conns: map[net.Conn]struct{}{}}
+	r.dialer = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: safehttp.NewDialGuard(cfg.AllowLoopback).Control}
+	r.forward = &http.Transport{DialContext: r.dialer.DialContext, Proxy: nil, TLSHandshakeTimeout: 10 * time.Second,
+		ResponseHeaderTimeout: time.Minute, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+
+	r.modelTransport = &http.Transport{Proxy: nil, DialContext: dialLocalhost((&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
+		TLSClientConfig: safehttp.TLSConfig(cfg.ModelRoots), TLSHandshakeTimeout: 10 * time.Second, ForceAttemptHTTP2: true,
+		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+	static := func(context.Context) (string, error) { return cfg.ModelAPIKey, nil }
+	r.modelH, r.internetH = r.modelProxy(u, static), http.HandlerFunc(r.internet)
+	return r, nil
+}
+
+// ServeModel relays one model connection of a jail that has its own model
+// endpoint (a third-party agent's provider) to baseURL instead of the
+// operator's, with key's value in place of the placeholder. key is asked
+// per request, so a rotated vault secret applies at once; "" substitutes
+// nothing, and an error refuses the request with 401 and a message that
+// names no value.
+func (r *Relay) ServeModel(c net.Conn, baseURL string, key func(context.Context) (string, error)) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		r.log.Warn("model relay: bad upstream", "base_url_valid", false)
+		c.Close()
+		return
+	}
+	if !r.track(c) {
+		c.Close()
+		return
+	}
+	defer r.untrack(c)
+	serveOne(r.modelProxy(u, key), c)
+}
+
+// dialLocalhost dials names under .localhost on loopback, as RFC 6761
+// reserves them, whatever the DNS says: an operator's model endpoint on
+// this machine can then have a name with a dot, which vault host bindings
+// require.
+func dialLocalhost(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), ".localhost") {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+		return dial(ctx, network, addr)
+	}
+}
+
+type keyCtx struct{}
+
+// modelProxy forwards to u, putting key's value where the agent wrote the
+// placeholder (headers and query: some SDKs send the key as ?key=).
+func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)) http.Handler {
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = u.Scheme, u.Host, u.Host
+			k, _ := pr.In.Context().Value(keyCtx{}).(string)
+			r.substitute(pr.Out, k)
+		},
+		Transport: r.modelTransport,
+		// Model responses are event streams: every chunk goes out at once.
+		FlushInterval: -1,
+		ModifyResponse: func(res *http.Response) error {
+			k, _ := res.Request.Context().Value(keyCtx{}).(string)
+			stripKey(res.Header, k)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			// The error may name the upstream; never the key (it is only in
+			// the outgoing request's headers).
+			r.log.Warn("model relay: upstream failed", "host", u.Host, "err", errors.Unwrap(err) != nil)
+			http.Error(w, "the model endpoint could not be reached", http.StatusBadGateway)
+		},
+		ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		k, err := key(req.Context())
+		if err != nil {
+			r.log.Warn("model relay: no key", "host", u.Host, "err", err)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"error":{"type":"authentication_error","message":%q}}`, "cohort: "+err.Error())
+			return
+		}
+		proxy.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), keyCtx{}, k)))
+	})
+}
+
+// InJailModelURL is the base URL agents use inside the jail: the relay's
+// in-jail address with the real endpoint's path, so paths pass unchanged.
+func (r *Relay) InJailModelURL(addr string) string {
+	return "http://" + addr + strings.TrimRight(r.model.EscapedPath(), "/")
+}
+
+// substitute puts the real key where the agent wrote the placeholder.
+func (r *Relay) substitute(out *http.Request, key string) {
+	if key == "" || r.cfg.Placeholder == "" {
+		return
+	}
+	for name, vals := range out.Header {
+		for i, v := range vals {
+			if strings.Contains(v, r.cfg.Placeholder) {
+				out.Header[name][i] = strings.ReplaceAll(v, r.cfg.Placeholder, key)
+			}
+		}
+	}
+	if strings.Contains(out.URL.RawQuery, r.cfg.Placeholder) {
+		out.URL.RawQuery = strings.ReplaceAll(out.URL.RawQuery, r.cfg.Placeholder, url.QueryEscape(key))
+	}
+}
+
+// stripKey drops response headers that echo the real key.
+func stripKey(h http.Header, key string) {
+	if key == "" {
+		return
+	}
+	for name, vals := range h {
+		for _, v := range vals {
+			if strings.Contains(v, key) {
+				h.Del(name)
+				break
+			}
+		}
+	}
+}
+
+// Serve handles one connection of the given kind and closes it; it
+// returns when the connection is done.
+func (r *Relay) Serve(kind byte, c net.Conn) {
+	if !r.track(c) {
+		c.Close()
+		return
+	}
+	defer r.untrack(c)
+	switch kind {
+	case KindGateway:
+		r.gateway(c)
+	case KindModel:
+		serveOne(r.modelH, c)
+	case KindInternet:
+		serveOne(r.internetH, c)
+	default:
+		c.Close()
+	}
+}
+
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *Relay) untrack(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+// Close closes every open relay connection; later ones are refused.
+func (r *Relay) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	r.forward.CloseIdleConnections()
+	return nil
+}
+
+// serveOne serves HTTP/1.1 on one connection until it closes.
+func serveOne(h http.Handler, c net.Conn) {
+	ln := &oneConn{c: c, done: make(chan struct{})}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.close()
+			}
+		}}
+	srv.Serve(ln)
+}
+
+// oneConn is a listener that yields one connection, then blocks until it
+// is done.
+type oneConn struct {
+	c    net.Conn
+	once sync.Once
+	used bool
+	done chan struct{}
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	if !l.used {
+		l.used = true
+		return l.c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConn) close()         { l.once.Do(func() { close(l.done) }) }
+func (l *oneConn) Close() error   { l.close(); return nil }
+func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// gateway splices c to the gateway's API listener.
+func (r *Relay) gateway(c net.Conn) {
+	defer c.Close()
+	if r.cfg.GatewayAddr == "" {
+		return
+	}
+	up, err := net.DialTimeout("tcp", r.cfg.GatewayAddr, 10*time.Second)
+	if err != nil {
+		r.log.Warn("gateway relay: dial failed", "err", err)
+		return
+	}
+	defer up.Close()
+	splice(c, up)
+}
+
+// splice copies both ways, passing on each side's end of writing.
+func splice(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			dst.Close()
+		}
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+}
+
+// internet is the forward proxy.
+func (r *Relay) internet(w http.ResponseWriter, req *http.Request) {
+	if !r.cfg.Internet {
+		http.Error(w, "internet egress is disabled for this intern", http.StatusForbidden)
+		return
+	}
+	if req.Method == http.MethodConnect {
+		r.connect(w, req)
+		return
+	}
+	if !req.URL.IsAbs() || req.URL.Scheme != "http" {
+		http.Error(w, "this is a proxy: send absolute-form http:// requests or CONNECT", http.StatusBadRequest)
+		return
+	}
+	out := req.Clone(req.Context())
+	out.RequestURI = ""
+	removeHopHeaders(out.Header)
+	res, err := r.forward.RoundTrip(out)
+	if err != nil {
+		r.refuse(w, req.URL.Host, err)
+		return
+	}
+	defer res.Body.Close()
+	removeHopHeaders(res.Header)
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+	io.Copy(flushWriter{w}, res.Body)
+}
+
+// connect opens a tunnel to a public address.
+func (r *Relay) connect(w http.ResponseWriter, req *http.Request) {
+	host := req.Host
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), 15*time.Second)
+	up, err := r.dialer.DialContext(ctx, "tcp", host)
+	cancel()
+	if err != nil {
+		r.refuse(w, host, err)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		http.Error(w, "tunnels are not supported here", http.StatusInternalServerError)
+		return
+	}
+	c, brw, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	r.log.Debug("internet relay: tunnel", "dest", host)
+	c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+	// Bytes the client sent after its request are already buffered.
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		up.Write(b)
+	}
+	splice(c, up)
+	c.Close()
+	up.Close()
+}
+
+// refuse answers a dial that failed: 403 when the guard refused it.
+func (r *Relay) refuse(w http.ResponseWriter, dest string, err error) {
+	if errors.Is(err, safehttp.ErrRefusedAddress) {
+		r.log.Info("internet relay: destination refused", "dest", dest)
+		http.Error(w, "the destination is not allowed", http.StatusForbidden)
+		return
+	}
+	http.Error(w, "the destination could not be reached", http.StatusBadGateway)
+}
+
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopHeaders(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, name := range strings.Split(f, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+type flushWriter struct{ w http.ResponseWriter }
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	http.NewResponseController(f.w).Flush()
+	return n, err
+}
