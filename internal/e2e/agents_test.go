@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/modelserver"
@@ -296,10 +298,19 @@ func TestThirdPartyAgents(t *testing.T) {
 			connectCall(t, a.gw, a.c.WK, "SuspendIntern", `{"id":"`+a.intern+`"}`)
 			connectCall(t, a.gw, a.c.WK, "ResumeIntern", `{"id":"`+a.intern+`"}`)
 			var res *http.Response
+			var refused string
 			eventually(t, p.Name+" runs again", func() bool {
 				res = chat(t, a.gw, a.c.WK, a.intern, user("cohort-say: after the restart", `"session_id":`+jsonStr(session)))
 				if res.StatusCode != 200 {
+					b, _ := io.ReadAll(res.Body)
 					res.Body.Close()
+					if refused != string(b) {
+						refused = string(b)
+						t.Logf("%s after the restart: %d %s", p.Name, res.StatusCode, b)
+					}
+					if res.StatusCode == http.StatusTooManyRequests {
+						time.Sleep(time.Second) // the turn rate limit
+					}
 					return false
 				}
 				return true

@@ -143,6 +143,13 @@ func (p *proc) Stop(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("%s stderr:\n%s", p.name, tail(p.stderr.String(), 4000))
+		// The whole log, for failures whose cause is further back than the tail.
+		if dir := os.Getenv("COHORT_E2E_LOGS"); dir != "" {
+			f := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+p.name+".log")
+			if err := os.WriteFile(f, []byte(p.stderr.String()), 0o644); err == nil {
+				t.Logf("%s stderr in full: %s", p.name, f)
+			}
+		}
 	}
 }
 

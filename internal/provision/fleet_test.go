@@ -111,6 +111,16 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		}
 		waitFor(t, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
 
+		// Suspended and resumed before the gateway looks: nothing to stop,
+		// and the row must not stay provisioning (it used to, for good).
+		if _, err := cli(db).Suspend(ctx, e.Operator(), id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+
 		pid = prov.DaemonPID(id)
 		if _, err := cli(db).Delete(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)

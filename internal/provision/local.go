@@ -77,6 +77,17 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 	switch in.State {
 	case store.InternProvisioning, store.InternRunning:
 		if s != nil && s.model == in.Model && s.agent == in.Agent {
+			if in.State == store.InternProvisioning && s.isUp() {
+				// Suspended and resumed between two looks at the database:
+				// the daemon never stopped, and its row says running again.
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					if err := p.setRunning(ctx, in.ID); err != nil {
+						p.Log.Error("mark intern running", "intern", in.ID, "err", err)
+					}
+				}()
+			}
 			return
 		}
 		prev := s
