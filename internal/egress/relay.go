@@ -170,6 +170,7 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		fullDuplex(w)
 		k, err := key(req.Context())
 		if err != nil {
 			r.log.Warn("model relay: no key", "host", u.Host, "err", err)
@@ -336,6 +337,16 @@ func splice(a, b net.Conn) {
 	<-done
 }
 
+// fullDuplex lets a relayed request's body still be read once the
+// upstream's answer has begun. An HTTP/1 server otherwise closes the body
+// when the response starts, and the transport, whose last read of the body
+// (the check for its end) can come after the upstream's first bytes, then
+// drops the upstream connection mid-stream: agents saw "stream
+// disconnected" on one turn in a dozen.
+func fullDuplex(w http.ResponseWriter) {
+	http.NewResponseController(w).EnableFullDuplex()
+}
+
 // internet is the forward proxy.
 func (r *Relay) internet(w http.ResponseWriter, req *http.Request) {
 	if !r.cfg.Internet {
@@ -350,6 +361,7 @@ func (r *Relay) internet(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "this is a proxy: send absolute-form http:// requests or CONNECT", http.StatusBadRequest)
 		return
 	}
+	fullDuplex(w)
 	out := req.Clone(req.Context())
 	out.RequestURI = ""
 	removeHopHeaders(out.Header)

@@ -386,3 +386,67 @@ func TestServeModelUsesTheJailsUpstreamAndKey(t *testing.T) {
 		t.Fatalf("upstream hits %d, key lookups %d; want 1 and 2", hits, lookups)
 	}
 }
+
+// An upstream may answer before it has read the whole request (a model
+// streams as soon as it has parsed the prompt): the relay keeps passing the
+// body on while the answer streams back, on both relays.
+func TestRelaysStreamWhileTheBodyIsStillComing(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: started\n\n")
+		w.(http.Flusher).Flush()
+		b, err := io.ReadAll(req.Body)
+		fmt.Fprintf(w, "data: got %q err=%v\n\n", b, err)
+	}))
+	defer upstream.Close()
+	model := newRelay(t, egress.Config{ModelBaseURL: upstream.URL, AllowLoopback: true})
+	internet := newRelay(t, egress.Config{Internet: true, AllowLoopback: true})
+	for _, c := range []struct {
+		name   string
+		url    string
+		client *http.Client
+	}{
+		{"model", "http://" + listen(t, model, egress.KindModel) + "/responses", http.DefaultClient},
+		{"internet", upstream.URL + "/post", proxyClient(listen(t, internet, egress.KindInternet))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pr, pw := io.Pipe()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", c.url, pr)
+			req.ContentLength = int64(len("first,second"))
+			type result struct {
+				res *http.Response
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				res, err := c.client.Do(req)
+				done <- result{res, err}
+			}()
+			pw.Write([]byte("first,"))
+			var r result
+			select {
+			case r = <-done:
+			case <-ctx.Done():
+				t.Fatal("no answer while the body was still coming")
+			}
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer r.res.Body.Close()
+			br := bufio.NewReader(r.res.Body)
+			if line, _ := br.ReadString('\n'); line != "data: started\n" {
+				t.Fatalf("first line %q", line)
+			}
+			// The rest of the body only now: the answer has begun.
+			pw.Write([]byte("second"))
+			pw.Close()
+			rest, err := io.ReadAll(br)
+			if err != nil || !strings.Contains(string(rest), `data: got "first,second" err=<nil>`) {
+				t.Fatalf("rest %q err %v", rest, err)
+			}
+		})
+	}
+}
