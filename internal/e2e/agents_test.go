@@ -295,7 +295,12 @@ func TestThirdPartyAgents(t *testing.T) {
 
 			// The jail restarted (suspend, resume): the session goes on, its
 			// history loaded by the agent (session/load).
+			// Resume waits for the stop: resumed before the gateway looked,
+			// the jail would rightly go on as it was.
+			stopped := `"msg":"intern daemon stopped","intern":"` + a.intern + `"`
+			before := strings.Count(a.gw.stderr.String(), stopped)
 			connectCall(t, a.gw, a.c.WK, "SuspendIntern", `{"id":"`+a.intern+`"}`)
+			eventually(t, p.Name+" stops", func() bool { return strings.Count(a.gw.stderr.String(), stopped) > before })
 			connectCall(t, a.gw, a.c.WK, "ResumeIntern", `{"id":"`+a.intern+`"}`)
 			var res *http.Response
 			var refused string

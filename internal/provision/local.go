@@ -155,6 +155,7 @@ func (s *supervisor) run(ctx context.Context) {
 		started := time.Now()
 		err := s.once(ctx)
 		if ctx.Err() != nil {
+			s.p.Log.Info("intern daemon stopped", "intern", s.id)
 			return
 		}
 		if !s.isUp() {
