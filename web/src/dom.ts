@@ -172,11 +172,18 @@ export function leave(): void {
 // what it did (or the API's refusal) in out, then reloads the list.
 export function actions(out: HTMLElement, reload: () => Promise<void>) {
   return (call: () => Promise<string>) => async () => {
+    let msg: HTMLElement;
     try {
-      out.replaceChildren(message("ok", await call()));
+      msg = message("ok", await call());
     } catch (err) {
-      out.replaceChildren(message("error", errorText(err)));
+      msg = message("error", errorText(err));
     }
-    await reload();
+    // The list first, then the message: when it shows, what it reports is
+    // on screen, and nothing re-renders under the reader's next click.
+    try {
+      await reload();
+    } finally {
+      out.replaceChildren(msg);
+    }
   };
 }
