@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -91,6 +92,9 @@ func (s *script) reply(turn modelserver.Turn) modelserver.Reply {
 	s.mu.Unlock()
 	if n := len(turn.ToolResults); n > 0 {
 		return modelserver.Reply{Text: "tool said: " + turn.ToolResults[n-1], InputTokens: 21, OutputTokens: 5}
+	}
+	if cmd, ok := marked(turn.User, "cohort-announce: "); ok {
+		return modelserver.Reply{Text: "running it", Calls: []modelserver.Call{shellCalls[s.agent](cmd)}, InputTokens: 13, OutputTokens: 3}
 	}
 	if cmd, ok := marked(turn.User, "cohort-run: "); ok {
 		return modelserver.Reply{Calls: []modelserver.Call{shellCalls[s.agent](cmd)}, InputTokens: 13, OutputTokens: 3}
@@ -292,6 +296,28 @@ func TestThirdPartyAgents(t *testing.T) {
 			if strings.Contains(s.Text, "cancelled-42") || !s.Done || (s.Finish != "stop" && s.reason() != "410 run_ended") {
 				t.Fatalf("cancel: finish %q text %q error %v", s.Finish, s.Text, s.Error)
 			}
+
+			// The caller disconnects mid-run (the model's text is out, the
+			// command still runs): the run is cancelled, so the session
+			// takes a new turn, and nothing of the old one reaches it.
+			ctx, hangUp := context.WithCancel(context.Background())
+			ds := open(t, chatCtx(t, ctx, a.gw, a.c.WK, a.intern, user("cohort-announce: sleep 3; echo late-4''2",
+				`"approval_mode":"self-drive"`, `"session_id":"disconnected"`)))
+			ds.until(func(s *stream) bool { return strings.Contains(s.Text, "running it") })
+			hangUp()
+			other := "disconnected"
+			eventually(t, p.Name+" takes a turn after the disconnect", func() bool {
+				res := chat(t, a.gw, a.c.WK, a.intern, user("cohort-say: after the disconnect", `"session_id":`+jsonStr(other)))
+				if res.StatusCode == http.StatusConflict {
+					refusal(t, res, http.StatusConflict, "busy")
+					return false
+				}
+				s = readAll(t, res)
+				if s.Finish != "stop" || !strings.Contains(s.Text, "echo: after the disconnect") || strings.Contains(s.Text, "late-42") {
+					t.Fatalf("after the disconnect: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+				}
+				return true
+			})
 
 			// The jail restarted (suspend, resume): the session goes on, its
 			// history loaded by the agent (session/load).

@@ -75,14 +75,17 @@ func serveAnthropic(s *Server, w http.ResponseWriter, r *http.Request) {
 				turn.ToolResults = append(turn.ToolResults, out.String())
 			}
 		}
-		if results {
-			continue // reminders beside results are not a new prompt
-		}
 		var text []string
 		for _, b := range blocks {
-			if b.Type == "text" {
+			// Reminders beside results are not a new prompt; a prompt beside
+			// them is (Claude Code sends the result of a tool a cancel
+			// interrupted with the next prompt).
+			if b.Type == "text" && !(results && strings.HasPrefix(strings.TrimSpace(b.Text), "<system-reminder>")) {
 				text = append(text, b.Text)
 			}
+		}
+		if results && len(text) == 0 {
+			continue
 		}
 		turn.User, turn.ToolResults = strings.Join(text, "\n"), nil
 	}
