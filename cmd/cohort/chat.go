@@ -20,10 +20,12 @@ func chatFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 		dst                   *time.Duration
 		raw                   *string
 	}{
-		{"chat-keepalive", "COHORT_CHAT_KEEPALIVE", "silence after which a chat stream sends a `: keepalive` comment (the spec's 30s)", &cfg.ChatKeepalive, nil},
+		{"chat-keepalive", "COHORT_CHAT_KEEPALIVE", "silence after which a chat stream sends a ': keepalive' comment (the spec's 30s)", &cfg.ChatKeepalive, nil},
 		{"first-event-timeout", "COHORT_FIRST_EVENT_TIMEOUT", "request budget: how long a chat request waits for the intern's first event before 504 timeout", &cfg.FirstEventTimeout, nil},
 		{"event-timeout", "COHORT_EVENT_TIMEOUT", "longest silence of an intern on an open chat stream before the stream ends with a timeout", &cfg.EventTimeout, nil},
 		{"interaction-deadline", "COHORT_INTERACTION_DEADLINE", "with the local provisioner, how long a question waits for its answer before the run is cancelled", &cfg.InteractionDeadline, nil},
+		// Not chat's, but validated the same way.
+		{"shutdown-timeout", "COHORT_SHUTDOWN_TIMEOUT", "how long graceful shutdown waits for requests to finish", &cfg.ShutdownTimeout, nil},
 	}
 	for i := range durations {
 		d := &durations[i]

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -236,7 +238,7 @@ func TestServeRejectsBadTimings(t *testing.T) {
 	t.Parallel()
 	for _, c := range [][]string{
 		{"--chat-keepalive", "soon"}, {"--chat-keepalive", "0s"}, {"--first-event-timeout", "-1s"},
-		{"--event-timeout", "x"}, {"--interaction-deadline", "0"},
+		{"--event-timeout", "x"}, {"--interaction-deadline", "0"}, {"--shutdown-timeout", "never"},
 	} {
 		var out, errOut syncBuf
 		err := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, c...), &out, &errOut)
@@ -253,5 +255,35 @@ func TestServeRejectsBadAllowHosts(t *testing.T) {
 	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--federation-allow-hosts", "10.0.0.0/8,10.0.0.0/40"}, &out, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "federation-allow-hosts") || !strings.Contains(err.Error(), "10.0.0.0/40") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// serve -h shows every flag once, under a heading (none left to "Other"),
+// and each names the variable that sets it too.
+func TestServeHelpGroupsEveryFlag(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuf
+	if err := run(context.Background(), []string{"serve", "-h"}, &out, &errOut); err != nil && !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	help := errOut.String()
+	if strings.Contains(help, "\nOther:") || !strings.Contains(help, "\nInterns:\n") {
+		t.Fatalf("help is not grouped:\n%s", help)
+	}
+	flags := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(help, -1)
+	if len(flags) < 25 {
+		t.Fatalf("%d flags in the help:\n%s", len(flags), help)
+	}
+	seen := map[string]bool{}
+	for _, f := range flags {
+		if seen[f[1]] {
+			t.Errorf("-%s shown twice", f[1])
+		}
+		seen[f[1]] = true
+	}
+	for _, entry := range strings.Split(help, "\n  -")[1:] {
+		if !strings.Contains(entry, "COHORT_") {
+			t.Errorf("no variable named for -%s", strings.SplitN(entry, "\n", 2)[0])
+		}
 	}
 }

@@ -33,7 +33,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long graceful shutdown waits for requests")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
 	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	federationFlags(fs, &cfg)
@@ -41,6 +40,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	chat := chatFlags(fs, &cfg)
 	fleet := fleetFlags(fs, &cfg)
 	agentFlags(fs, &cfg)
+	fs.Usage = groupedUsage(fs, "serve", serveGroups)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// flagGroup is a heading of a command's help and the flags under it.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+// serveGroups orders `cohort serve -h` by what an operator is setting up.
+// Every serve flag is in one group (TestServeHelpGroupsEveryFlag).
+var serveGroups = []flagGroup{
+	{"Server", []string{"listen", "log-level", "shutdown-timeout", "metrics-listen", "regional-hosts", "no-bootstrap"}},
+	{"Storage and keys", []string{"data-dir", "database-url", "kek-file", "redis-url"}},
+	{"Interns", []string{"provisioner", "intern-idle-timeout", "intern-start-concurrency", "max-awake-interns", "interaction-deadline", "jail-ro-bind", "unsafe-shared-host"}},
+	{"Agents", []string{"agent", "agent-command", "agent-endpoint", "agent-modules"}},
+	{"Chat", []string{"chat-keepalive", "first-event-timeout", "event-timeout", "turn-rate"}},
+	{"Federation", []string{"token-issuer", "exchange-rate", "extra-ca-file", "federation-allow-hosts"}},
+}
+
+// groupedUsage prints fs's flags under groups' headings; a flag no group
+// names goes under "Other", so none is ever hidden.
+func groupedUsage(fs *flag.FlagSet, command string, groups []flagGroup) func() {
+	return func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: cohort %s [flags]\n\nEvery flag can also be set by the COHORT_* variable its text names; a flag wins over its variable.\n", command)
+		seen := map[string]bool{}
+		print := func(title string, names []string) {
+			var b strings.Builder
+			for _, n := range names {
+				f := fs.Lookup(n)
+				if f == nil || seen[n] {
+					continue
+				}
+				seen[n] = true
+				kind, text := flag.UnquoteUsage(f)
+				fmt.Fprintf(&b, "  -%s", f.Name)
+				if kind != "" {
+					fmt.Fprintf(&b, " %s", kind)
+				}
+				fmt.Fprintf(&b, "\n    \t%s", strings.ReplaceAll(text, "\n", "\n    \t"))
+				if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" {
+					fmt.Fprintf(&b, " (default %q)", f.DefValue)
+				}
+				b.WriteString("\n")
+			}
+			if b.Len() > 0 {
+				fmt.Fprintf(w, "\n%s:\n%s", title, b.String())
+			}
+		}
+		for _, g := range groups {
+			print(g.title, g.names)
+		}
+		var rest []string
+		fs.VisitAll(func(f *flag.Flag) {
+			if !seen[f.Name] {
+				rest = append(rest, f.Name)
+			}
+		})
+		print("Other", rest)
+	}
+}
