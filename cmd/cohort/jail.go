@@ -17,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
 )
 
@@ -45,12 +46,22 @@ func jailInterns(prov *provision.Provisioner, srv *server.Server, cfg config.Con
 			gwAddr = net.JoinHostPort("127.0.0.1", port)
 		}
 	}
+	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
+	if err != nil {
+		return nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
+	}
+	var toolCA []byte
+	if cfg.HTTPToolCAFile != "" {
+		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
+			return nil, fmt.Errorf("--http-tool-ca-file: %w", err)
+		}
+	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: baseURL, ModelAPIKey: key,
-		Placeholder: modelKeyPlaceholder, Internet: true, Log: srv.Log.With("component", "egress")})
+		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, Log: srv.Log.With("component", "egress")})
 	if err != nil {
 		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly,
+	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA),
 		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
 	if key != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder

@@ -287,3 +287,28 @@ func TestServeHelpGroupsEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// The interns' egress allowlist and the http_request CA are checked at
+// start, naming the flag; nothing starts.
+func TestServeRejectsBadInternEgressSettings(t *testing.T) {
+	t.Parallel()
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{
+		{"--intern-egress-allow-hosts", "10.0.0.0/40"},
+		{"--http-tool-ca-file", notPEM},
+		{"--http-tool-ca-file", filepath.Join(t.TempDir(), "missing.pem")},
+	} {
+		dir := t.TempDir()
+		var out, errOut syncBuf
+		err := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir}, c...), &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), c[0]) {
+			t.Errorf("%v: err = %v", c, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cohort.db")); err == nil {
+			t.Errorf("%v: a database was created", c)
+		}
+	}
+}

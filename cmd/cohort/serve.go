@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/vault"
 )
@@ -34,6 +36,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
+	egressAllow := fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
+	toolCA := fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA (COHORT_HTTP_TOOL_CA_FILE)")
 	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	federationFlags(fs, &cfg)
 	metricsListen := fs.String("metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
@@ -59,6 +63,18 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.RegionalHosts = splitList(*regional)
 	cfg.JailReadOnly = splitList(*jailRO)
+	cfg.InternEgressAllow = splitList(*egressAllow)
+	if _, err := safehttp.ParseAllowlist(cfg.InternEgressAllow); err != nil {
+		return fmt.Errorf("--intern-egress-allow-hosts (COHORT_INTERN_EGRESS_ALLOW_HOSTS): %w", err)
+	}
+	if cfg.HTTPToolCAFile = *toolCA; cfg.HTTPToolCAFile != "" {
+		if cfg.HTTPToolCAFile, err = filepath.Abs(cfg.HTTPToolCAFile); err == nil {
+			_, err = safehttp.ExtraRootsFromFile(cfg.HTTPToolCAFile)
+		}
+		if err != nil {
+			return fmt.Errorf("--http-tool-ca-file (COHORT_HTTP_TOOL_CA_FILE): %w", err)
+		}
+	}
 	log, err := newLogger(stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -105,7 +121,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
 		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand,
 		IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
-		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog}
+		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile}
 	srv.Interns.Agents = catalog
 	prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
 		return srv.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})

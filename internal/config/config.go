@@ -58,6 +58,13 @@ type Config struct {
 	// user on its own host: only for machines that cannot make jails and
 	// interns whose users are trusted with the gateway's keys.
 	UnsafeSharedHost bool
+	// InternEgressAllow are the non-public destinations (hostnames,
+	// addresses, ranges) interns may reach through their jail's internet
+	// relay: a company API on a private network. Empty: public only.
+	InternEgressAllow []string
+	// HTTPToolCAFile holds PEM certificates every local intern's
+	// http_request tool trusts besides the system roots.
+	HTTPToolCAFile string
 	// JailReadOnly are extra host paths bound read-only into every jail
 	// (an agent's runtime installed outside /usr, say).
 	JailReadOnly []string

@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -61,7 +62,10 @@ type Config struct {
 	Internet bool
 	// AllowLoopback lets KindInternet reach loopback addresses: tests only.
 	AllowLoopback bool
-	Log           *slog.Logger
+	// Allow opens non-public destinations to KindInternet, as the operator
+	// listed them (--intern-egress-allow-hosts); nil opens none.
+	Allow *safehttp.Allowlist
+	Log   *slog.Logger
 }
 
 // Relay serves relay connections. Serve may be called concurrently.
@@ -97,7 +101,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, model: u, log: cfg.Log, conns: map[net.Conn]struct{}{}}
 	r.dialer = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: safehttp.NewDialGuard(cfg.AllowLoopback).Control}
-	r.forward = &http.Transport{DialContext: r.dialer.DialContext, Proxy: nil, TLSHandshakeTimeout: 10 * time.Second,
+	r.forward = &http.Transport{DialContext: r.dialInternet, Proxy: nil, TLSHandshakeTimeout: 10 * time.Second,
 		ResponseHeaderTimeout: time.Minute, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
 
 	r.modelTransport = &http.Transport{Proxy: nil, DialContext: dialLocalhost((&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
@@ -337,6 +341,39 @@ func splice(a, b net.Conn) {
 	<-done
 }
 
+// dialInternet dials a destination of the internet relay: a public
+// address (the dialer's guard checks the address it connects to), or one
+// the operator's allowlist opens, dialled at the address checked. Names
+// under .localhost are loopback (RFC 6761), so only a listed loopback
+// range reaches them.
+func (r *Relay) dialInternet(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	var ips []netip.Addr
+	if name := strings.ToLower(strings.TrimSuffix(host, ".")); name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		ips = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	if r.cfg.Allow != nil {
+		if ips == nil {
+			if ip, err := netip.ParseAddr(host); err == nil {
+				ips = []netip.Addr{ip}
+			} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+				return nil, err
+			}
+		}
+		for _, ip := range ips {
+			if r.cfg.Allow.Permits(host, ip) {
+				d := net.Dialer{Timeout: r.dialer.Timeout, KeepAlive: r.dialer.KeepAlive}
+				return d.DialContext(ctx, network, net.JoinHostPort(ip.Unmap().String(), port))
+			}
+		}
+	}
+	return r.dialer.DialContext(ctx, network, addr)
+}
+
 // fullDuplex lets a relayed request's body still be read once the
 // upstream's answer has begun. An HTTP/1 server otherwise closes the body
 // when the response starts, and the transport, whose last read of the body
@@ -387,7 +424,7 @@ func (r *Relay) connect(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), 15*time.Second)
-	up, err := r.dialer.DialContext(ctx, "tcp", host)
+	up, err := r.dialInternet(ctx, "tcp", host)
 	cancel()
 	if err != nil {
 		r.refuse(w, host, err)

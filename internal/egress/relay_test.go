@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
 const (
@@ -448,5 +449,50 @@ func TestRelaysStreamWhileTheBodyIsStillComing(t *testing.T) {
 				t.Fatalf("rest %q err %v", rest, err)
 			}
 		})
+	}
+}
+
+// The operator's allowlist opens exactly what it lists: a loopback range
+// reaches a .localhost name (RFC 6761) and that address; a listed
+// hostname never reaches loopback; other private and loopback
+// destinations stay refused, and the metadata address always is.
+func TestInternetRelayOpensOnlyWhatTheOperatorListed(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		fmt.Fprintf(w, "reached %s", req.Host)
+	}))
+	defer upstream.Close()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(upstream.URL, "http://"))
+	get := func(t *testing.T, allow []string, dest string) (int, string) {
+		t.Helper()
+		list, err := safehttp.ParseAllowlist(allow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := listen(t, newRelay(t, egress.Config{Internet: true, Allow: list}), egress.KindInternet)
+		res, err := proxyClient(addr).Get("http://" + dest + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		allow []string
+		dest  string
+		ok    bool
+	}{
+		{[]string{"127.0.0.1/32"}, "target.localhost:" + port, true},
+		{[]string{"127.0.0.1"}, "127.0.0.1:" + port, true},
+		{nil, "target.localhost:" + port, false},
+		{[]string{"10.0.0.0/8"}, "target.localhost:" + port, false},
+		{[]string{"target.localhost"}, "target.localhost:" + port, false},
+		{[]string{"127.0.0.1/32"}, "[::1]:" + port, false},
+		{[]string{"169.254.0.0/16"}, "169.254.169.254:80", false},
+	} {
+		status, body := get(t, c.allow, c.dest)
+		if c.ok && (status != 200 || !strings.HasPrefix(body, "reached ")) || !c.ok && status != http.StatusForbidden {
+			t.Errorf("allow %v, %s: %d %q", c.allow, c.dest, status, body)
+		}
 	}
 }

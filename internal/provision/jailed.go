@@ -29,6 +29,9 @@ const (
 	KindInternet byte = 'i'
 )
 
+// httpToolCAPath is where a jail holds the operator's http_request CA.
+const httpToolCAPath = "/run/cohort/http-tool-ca.pem"
+
 // InternDir is the intern's directory inside its jail.
 const InternDir = "/intern"
 
@@ -61,6 +64,9 @@ type JailConfig struct {
 	// ReadOnly are extra host paths bound read-only at the same path (an
 	// agent's runtime outside /usr, say).
 	ReadOnly []string
+	// HTTPToolCA is PEM the daemon's http_request trusts besides the
+	// system roots, put in the jail read-only.
+	HTTPToolCA string
 	// Hide are host paths that must stay absent even where a bind would
 	// show them: the data directory, the KEK, the database, the binary's
 	// directory.
@@ -130,6 +136,11 @@ func (o DaemonJail) Spec() jail.Spec {
 		"--intern-id", o.InternID, "--model", o.Model,
 		"--gateway-url", fmt.Sprintf("http://127.0.0.1:%d/api/v1", PortGateway), "--http-tool-proxy", proxy)
 	args = append(args, o.DaemonArgs...)
+	files := []jail.File{}
+	if o.HTTPToolCA != "" {
+		files = append(files, jail.File{Dst: httpToolCAPath, Content: o.HTTPToolCA})
+		args = append(args, "--http-tool-ca-file", httpToolCAPath)
+	}
 	env := []string{
 		"PATH=/run/cohort/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=" + InternDir + "/home", "TMPDIR=/tmp", "LANG=C.UTF-8", "USER=intern", "LOGNAME=intern",
@@ -152,7 +163,7 @@ func (o DaemonJail) Spec() jail.Spec {
 	group := fmt.Sprintf("root:x:0:\nintern:x:%d:\nnogroup:x:65534:\n", uid)
 	return jail.Spec{
 		Argv: args, Env: env, Dir: InternDir, Binds: binds,
-		Files: []jail.File{{Dst: "/etc/passwd", Content: passwd}, {Dst: "/etc/group", Content: group}},
+		Files: append(files, jail.File{Dst: "/etc/passwd", Content: passwd}, jail.File{Dst: "/etc/group", Content: group}),
 		Hide:  o.Hide,
 		Relays: []jail.Relay{{Port: PortModel, Kind: KindModel}, {Port: PortGateway, Kind: KindGateway},
 			{Port: PortInternet, Kind: KindInternet}},

@@ -428,5 +428,8 @@ func (p *Provisioner) daemonFlags() []string {
 	if p.InteractionDeadline > 0 {
 		args = append(args, "--interaction-deadline", p.InteractionDeadline.String())
 	}
+	if p.HTTPToolCAFile != "" && p.Jail == nil {
+		args = append(args, "--http-tool-ca-file", p.HTTPToolCAFile)
+	}
 	return args
 }

@@ -86,6 +86,9 @@ type Provisioner struct {
 	// InteractionDeadline, when set, is passed to local daemons as
 	// --interaction-deadline.
 	InteractionDeadline time.Duration
+	// HTTPToolCAFile, when set, is PEM the daemons' http_request trusts
+	// besides the system roots (a jail gets its content, read-only).
+	HTTPToolCAFile string
 	// HealthTimeout bounds a local daemon's start (default 30 s).
 	HealthTimeout time.Duration
 	// RestartBackoff is the first delay before restarting a dead daemon

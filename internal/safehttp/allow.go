@@ -50,9 +50,9 @@ func ParseAllowlist(entries []string) (*Allowlist, error) {
 	return a, nil
 }
 
-// permits reports whether host (as the URL names it) may connect to ip,
+// Permits reports whether host (as the URL names it) may connect to ip,
 // which the public-address rule refused.
-func (a *Allowlist) permits(host string, ip netip.Addr) bool {
+func (a *Allowlist) Permits(host string, ip netip.Addr) bool {
 	if a == nil {
 		return false
 	}

@@ -118,7 +118,7 @@ func checkURL(req *http.Request, allowLoopback bool, allow *Allowlist) error {
 		return errors.New("safehttp: URLs with credentials are not fetched")
 	}
 	if ip, err := netip.ParseAddr(req.URL.Hostname()); err == nil {
-		if err := CheckAddr(ip, allowLoopback); err != nil && !allow.permits(req.URL.Hostname(), ip) {
+		if err := CheckAddr(ip, allowLoopback); err != nil && !allow.Permits(req.URL.Hostname(), ip) {
 			return err
 		}
 	}
@@ -135,7 +135,7 @@ func checkDial(network, address, host string, allowLoopback bool, allow *Allowli
 	if err != nil {
 		return fmt.Errorf("%w: %q", ErrRefusedAddress, address)
 	}
-	if err := CheckAddr(ap.Addr(), allowLoopback); err != nil && !allow.permits(host, ap.Addr()) {
+	if err := CheckAddr(ap.Addr(), allowLoopback); err != nil && !allow.Permits(host, ap.Addr()) {
 		return err
 	}
 	return nil
