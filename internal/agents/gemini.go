@@ -22,6 +22,9 @@ func init() {
 			return []string{
 				"GOOGLE_GEMINI_BASE_URL=" + s.BaseURL, "GEMINI_API_KEY=" + s.Key, "GEMINI_MODEL=" + s.Model,
 				"GEMINI_CLI_NO_RELAUNCH=true", "GEMINI_SANDBOX=false", "NO_BROWSER=1",
+				// The intern's own work directory, in its jail: trusted, or
+				// Gemini CLI starts no MCP server (the daemon's http_request).
+				"GEMINI_CLI_TRUST_WORKSPACE=true",
 			}, map[string]string{".gemini/settings.json": settings}
 		},
 	})

@@ -3,11 +3,13 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -77,9 +79,12 @@ var rejectEndsTurn = map[string]bool{"codex": true}
 // answered with "tool said: RESULT"; "cohort-say: X" is echoed. It records the real key
 // each request carried.
 type script struct {
-	agent string
-	mu    sync.Mutex
-	keys  []string
+	agent  string
+	target string // the bound host's host:port (cohort-http)
+	// httpCalled: the one http_request call of the test was made.
+	httpCalled bool
+	mu         sync.Mutex
+	keys       []string
 }
 
 func (s *script) reply(turn modelserver.Turn) modelserver.Reply {
@@ -90,6 +95,11 @@ func (s *script) reply(turn modelserver.Turn) modelserver.Reply {
 		}
 	}
 	s.mu.Unlock()
+	if path, ok := marked(turn.User, "cohort-http: "); ok && len(turn.ToolResults) < 2 {
+		if r, ok := s.httpRequest(turn, path); ok {
+			return r
+		}
+	}
 	if n := len(turn.ToolResults); n > 0 {
 		return modelserver.Reply{Text: "tool said: " + turn.ToolResults[n-1], InputTokens: 21, OutputTokens: 5}
 	}
@@ -114,6 +124,29 @@ func marked(prompt, marker string) (string, bool) {
 	return strings.TrimSpace(rest), true
 }
 
+// httpRequest calls the daemon's http_request once, under the name the
+// agent gives its MCP tools, with the bound secret's placeholder. Claude
+// Code defers MCP tools until the model searches for them.
+func (s *script) httpRequest(turn modelserver.Turn, path string) (modelserver.Reply, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.httpCalled {
+		return modelserver.Reply{}, false
+	}
+	for _, name := range turn.Tools {
+		if strings.HasSuffix(name, "http_request") {
+			s.httpCalled = true
+			args, _ := json.Marshal(map[string]any{"url": "https://" + s.target + path,
+				"headers": map[string]string{"Authorization": "Bearer {{secret:target_token}}"}})
+			return modelserver.Reply{Calls: []modelserver.Call{{Name: name, Arguments: string(args)}}, InputTokens: 13, OutputTokens: 3}, true
+		}
+	}
+	if slices.Contains(turn.Tools, "ToolSearch") && len(turn.ToolResults) == 0 {
+		return modelserver.Reply{Calls: []modelserver.Call{{Name: "ToolSearch", Arguments: `{"query":"select:mcp__cohort__http_request","max_results":5}`}}, InputTokens: 13, OutputTokens: 3}, true
+	}
+	return modelserver.Reply{Text: fmt.Sprintf("no http_request among %v", turn.Tools), InputTokens: 13, OutputTokens: 3}, true
+}
+
 func (s *script) sawKeys() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,32 +163,43 @@ type agentGateway struct {
 	script *script
 	intern string
 	key    string
+	target *boundTarget
+	secret string // the value of target_token, bound to target.localhost
 }
 
 func newAgentGateway(t *testing.T, p agents.Profile) *agentGateway {
 	t.Helper()
 	modules := requireAgent(t, p)
-	a := &agentGateway{script: &script{agent: p.Name}, key: randomCanary("provider-key")}
+	a := &agentGateway{script: &script{agent: p.Name}, key: randomCanary("provider-key"), target: startBoundTarget(t), secret: randomCanary("target-token")}
+	a.script.target = a.target.Host
 	a.model = modelserver.Start(t, a.script.reply)
 	dataDir := t.TempDir()
 	a.c = &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
 	a.gw = a.c.Gateway(t, "--provisioner", "local", "--log-level", "info",
+		"--intern-egress-allow-hosts", "127.0.0.1/32", "--http-tool-ca-file", a.target.CAFile,
 		"--agent-modules", modules, "--agent-endpoint", p.Name+"=http://model.localhost:"+a.model.Addr[strings.LastIndex(a.model.Addr, ":")+1:])
 	a.c.load(t)
 	a.intern = createAgentIntern(t, a.gw, a.c.WK, p.Name)
 	// The provider key, bound to the model endpoint's host only (the vault
 	// takes DNS names with a dot: the endpoint is model.localhost, which
 	// the relay dials on loopback).
-	body := `{"hosts":["model.localhost"],"value":"` + a.key + `"}`
-	req, _ := http.NewRequest("PUT", a.gw.URL+"/api/v1/vault/interns/"+a.intern+"/secrets/"+p.KeySecret, strings.NewReader(body))
+	a.putSecret(t, p.KeySecret, "model.localhost", a.key)
+	a.putSecret(t, "target_token", "target.localhost", a.secret)
+	return a
+}
+
+// putSecret stores an intern secret bound to one host.
+func (a *agentGateway) putSecret(t *testing.T, name, host, value string) {
+	t.Helper()
+	body := `{"hosts":["` + host + `"],"value":"` + value + `"}`
+	req, _ := http.NewRequest("PUT", a.gw.URL+"/api/v1/vault/interns/"+a.intern+"/secrets/"+name, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+a.c.WK)
 	req.Header.Set("Content-Type", "application/json")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil || res.StatusCode != 201 {
-		t.Fatalf("vault put: %v %v", err, res)
+		t.Fatalf("vault put %s: %v %v", name, err, res)
 	}
 	res.Body.Close()
-	return a
 }
 
 // createAgentIntern creates an intern running agent through the API.
@@ -295,6 +339,22 @@ func TestThirdPartyAgents(t *testing.T) {
 			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("cancel")))
 			if strings.Contains(s.Text, "cancelled-42") || !s.Done || (s.Finish != "stop" && s.reason() != "410 run_ended") {
 				t.Fatalf("cancel: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+
+			// http_request through the daemon's MCP server with the bound
+			// secret: the bound host gets the value, the model and the
+			// caller only the placeholder.
+			s = a.turn(t, "cohort-http: /with-secret", `"approval_mode":"self-drive"`, `"session_id":`+jsonStr(session))
+			if s.Finish != "stop" || !strings.Contains(s.Text, "target answered /with-secret") || strings.Contains(s.Text, a.secret) {
+				t.Fatalf("http_request: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			if got := a.target.Auth(); len(got) != 1 || got[0] != "Bearer "+a.secret {
+				t.Fatalf("the bound host got Authorization %q", got)
+			}
+			for _, turn := range a.model.Turns() {
+				if strings.Contains(string(turn.Body), a.secret) {
+					t.Fatalf("the model was sent the secret's value")
+				}
 			}
 
 			// The caller disconnects mid-run (the model's text is out, the

@@ -77,10 +77,10 @@ func serveAnthropic(s *Server, w http.ResponseWriter, r *http.Request) {
 		}
 		var text []string
 		for _, b := range blocks {
-			// Reminders beside results are not a new prompt; a prompt beside
-			// them is (Claude Code sends the result of a tool a cancel
-			// interrupted with the next prompt).
-			if b.Type == "text" && !(results && strings.HasPrefix(strings.TrimSpace(b.Text), "<system-reminder>")) {
+			// Reminders and a search's "Tool loaded." beside results are not
+			// a new prompt; a prompt beside them is (Claude Code sends the
+			// result of a tool a cancel interrupted with the next prompt).
+			if b.Type == "text" && !(results && notPrompt(b.Text)) {
 				text = append(text, b.Text)
 			}
 		}
@@ -140,4 +140,10 @@ func serveAnthropic(s *Server, w http.ResponseWriter, r *http.Request) {
 	sse.event("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": stop, "stop_sequence": nil},
 		"usage": map[string]any{"output_tokens": reply.OutputTokens}})
 	sse.event("message_stop", map[string]any{"type": "message_stop"})
+}
+
+// notPrompt is the text Claude Code puts beside tool results of its own.
+func notPrompt(text string) bool {
+	text = strings.TrimSpace(text)
+	return strings.HasPrefix(text, "<system-reminder>") || text == "Tool loaded."
 }

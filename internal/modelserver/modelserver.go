@@ -41,7 +41,9 @@ type Turn struct {
 	// ToolResults are the outputs of the tool calls answered since the
 	// last user message, in order.
 	ToolResults []string
-	// Tools are the names of the tools the agent offered.
+	// Tools are the names of the tools the agent offered; a tool in a
+	// namespace (Responses API) is "namespace/name", and a Call of that
+	// name is sent in the namespace.
 	Tools []string
 	// Header and Body are the request as received.
 	Header http.Header

@@ -22,8 +22,11 @@ func serveResponses(s *Server, w http.ResponseWriter, r *http.Request) {
 		Instructions string          `json:"instructions"`
 		Input        json.RawMessage `json:"input"`
 		Tools        []struct {
-			Type string `json:"type"`
-			Name string `json:"name"`
+			Type  string `json:"type"`
+			Name  string `json:"name"`
+			Tools []struct {
+				Name string `json:"name"`
+			} `json:"tools"` // a namespace's (Codex's MCP servers)
 		} `json:"tools"`
 		Stream bool `json:"stream"`
 	}
@@ -57,6 +60,9 @@ func serveResponses(s *Server, w http.ResponseWriter, r *http.Request) {
 	}
 	for _, t := range req.Tools {
 		turn.Tools = append(turn.Tools, cmpOr(t.Name, t.Type))
+		for _, nt := range t.Tools {
+			turn.Tools = append(turn.Tools, t.Name+"/"+nt.Name)
+		}
 	}
 	reply := s.answer(turn)
 	if reply.Status != 0 {
@@ -72,8 +78,12 @@ func serveResponses(s *Server, w http.ResponseWriter, r *http.Request) {
 			"content": []any{map[string]any{"type": "output_text", "text": reply.Text, "annotations": []any{}}}})
 	}
 	for _, c := range reply.Calls {
-		output = append(output, map[string]any{"type": "function_call", "id": "fc_" + c.ID, "call_id": c.ID, "name": c.Name,
-			"arguments": c.Arguments, "status": "completed"})
+		item := map[string]any{"type": "function_call", "id": "fc_" + c.ID, "call_id": c.ID, "name": c.Name,
+			"arguments": c.Arguments, "status": "completed"}
+		if ns, name, ok := strings.Cut(c.Name, "/"); ok {
+			item["namespace"], item["name"] = ns, name
+		}
+		output = append(output, item)
 	}
 	usage := map[string]any{"input_tokens": reply.InputTokens, "output_tokens": reply.OutputTokens,
 		"total_tokens":         reply.InputTokens + reply.OutputTokens,
