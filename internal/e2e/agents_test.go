@@ -70,6 +70,12 @@ var shellCalls = map[string]func(command string) modelserver.Call{
 // daemon starts a new one under the same id (docs/agents.md).
 var keepsHistory = map[string]bool{"claude": true, "codex": true, "opencode": true}
 
+// asksByElicitation are the agents whose question tool reaches the caller
+// (ACP elicitation): Claude Code's AskUserQuestion. Codex refuses its
+// request_user_input outside Plan mode; Gemini CLI and OpenCode ask no
+// questions through ACP (docs/agents.md).
+var asksByElicitation = map[string]bool{"claude": true}
+
 // rejectEndsTurn are the agents that end their turn when a command is
 // rejected, instead of telling the model and going on.
 var rejectEndsTurn = map[string]bool{"codex": true}
@@ -102,6 +108,18 @@ func (s *script) reply(turn modelserver.Turn) modelserver.Reply {
 	}
 	if n := len(turn.ToolResults); n > 0 {
 		return modelserver.Reply{Text: "tool said: " + turn.ToolResults[n-1], InputTokens: 21, OutputTokens: 5}
+	}
+	if q, ok := marked(turn.User, "cohort-ask: "); ok && len(turn.ToolResults) == 0 {
+		// The agent's own question tool.
+		opts := []map[string]string{{"label": "red", "description": "warm"}, {"label": "blue", "description": "cool"}}
+		switch {
+		case slices.Contains(turn.Tools, "AskUserQuestion"):
+			args, _ := json.Marshal(map[string]any{"questions": []any{map[string]any{"question": q, "header": "Color", "options": opts, "multiSelect": false}}})
+			return modelserver.Reply{Calls: []modelserver.Call{{Name: "AskUserQuestion", Arguments: string(args)}}, InputTokens: 13, OutputTokens: 3}
+		case slices.Contains(turn.Tools, "request_user_input"):
+			args, _ := json.Marshal(map[string]any{"questions": []any{map[string]any{"id": "color", "header": "Color", "question": q, "options": opts}}})
+			return modelserver.Reply{Calls: []modelserver.Call{{Name: "request_user_input", Arguments: string(args)}}, InputTokens: 13, OutputTokens: 3}
+		}
 	}
 	if cmd, ok := marked(turn.User, "cohort-announce: "); ok {
 		return modelserver.Reply{Text: "running it", Calls: []modelserver.Call{shellCalls[s.agent](cmd)}, InputTokens: 13, OutputTokens: 3}
@@ -339,6 +357,31 @@ func TestThirdPartyAgents(t *testing.T) {
 			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("cancel")))
 			if strings.Contains(s.Text, "cancelled-42") || !s.Done || (s.Finish != "stop" && s.reason() != "410 run_ended") {
 				t.Fatalf("cancel: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+
+			// A question, where the agent asks through ACP elicitation
+			// (Claude Code's AskUserQuestion): one service.provide_input
+			// with the question's choices; the answer resumes the run and
+			// reaches the model.
+			if asksByElicitation[p.Name] {
+				s = a.turn(t, "cohort-ask: Which color?", `"session_id":`+jsonStr(session))
+				var q struct {
+					Kind    string
+					Message string
+					Fields  []struct {
+						Name    string
+						Options []string
+					}
+				}
+				args, _ := s.ToolCall["function"].(map[string]any)["arguments"].(string)
+				json.Unmarshal([]byte(args), &q)
+				if s.Finish != "tool_calls" || q.Kind != "elicitation" || q.Message != "Which color?" || len(q.Fields) == 0 || !slices.Equal(q.Fields[0].Options, []string{"red", "blue"}) {
+					t.Fatalf("question: finish %q tool call %v error %v", s.Finish, s.ToolCall, s.Error)
+				}
+				s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer(`{"action":"accept","content":{"`+q.Fields[0].Name+`":"blue"}}`)))
+				if s.Finish != "stop" || !strings.Contains(s.Text, "tool said:") || !strings.Contains(s.Text, "blue") {
+					t.Fatalf("answered question: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+				}
 			}
 
 			// http_request through the daemon's MCP server with the bound
