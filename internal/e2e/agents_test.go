@@ -76,6 +76,13 @@ var keepsHistory = map[string]bool{"claude": true, "codex": true, "opencode": tr
 // questions through ACP (docs/agents.md).
 var asksByElicitation = map[string]bool{"claude": true}
 
+// reportsUsage are the agents that report a turn's token usage over ACP.
+var reportsUsage = map[string]bool{"claude": true, "opencode": true}
+
+// remembersAlways are the agents that keep an allow_always for the rest of
+// the session; Claude Code asks again for this compound command.
+var remembersAlways = map[string]bool{"codex": true, "gemini": true, "opencode": true}
+
 // rejectEndsTurn are the agents that end their turn when a command is
 // rejected, instead of telling the model and going on.
 var rejectEndsTurn = map[string]bool{"codex": true}
@@ -259,6 +266,11 @@ func TestThirdPartyAgents(t *testing.T) {
 				t.Fatalf("text turn: finish %q text %q session %v error %v", s.Finish, s.Text, s.Session, s.Error)
 			}
 			session := s.Session.(string)
+			// usage, from the agents that report it (the scripted model's
+			// 11 + 2 tokens); null from the others.
+			if u, _ := s.Usage.(map[string]any); reportsUsage[p.Name] != (u != nil) || u != nil && fmt.Sprintf("%v %v %v", u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) != "11 2 13" {
+				t.Fatalf("usage %v", s.Usage)
+			}
 			// The model got the real key from the vault; the agent held a
 			// placeholder.
 			keys := a.script.sawKeys()
@@ -357,6 +369,30 @@ func TestThirdPartyAgents(t *testing.T) {
 			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("cancel")))
 			if strings.Contains(s.Text, "cancelled-42") || !s.Done || (s.Finish != "stop" && s.reason() != "410 run_ended") {
 				t.Fatalf("cancel: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+
+			// allow_always runs the command and, where the agent keeps the
+			// rule, the same command later runs without asking.
+			// Last of the manual rows: Gemini CLI and OpenCode keep the rule for
+			// every echo.
+			always := "cohort-run: echo e > always.txt && echo always-4''2"
+			s = a.turn(t, always, `"approval_mode":"manual"`, `"session_id":`+jsonStr(session))
+			if s.Finish != "tool_calls" || !optionKinds(t, s.Args)["allow_always"] {
+				t.Fatalf("manual for allow_always: finish %q args %v error %v", s.Finish, s.Args, s.Error)
+			}
+			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("allow_always")))
+			if s.Finish != "stop" || !strings.Contains(s.Text, "always-42") {
+				t.Fatalf("allow_always: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			s = a.turn(t, always, `"approval_mode":"manual"`, `"session_id":`+jsonStr(session))
+			if remembersAlways[p.Name] != (s.Finish == "stop") {
+				t.Fatalf("after allow_always, the same command: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			if s.Finish == "tool_calls" {
+				s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("allow_once")))
+			}
+			if s.Finish != "stop" || !strings.Contains(s.Text, "always-42") {
+				t.Fatalf("the same command again: finish %q text %q error %v", s.Finish, s.Text, s.Error)
 			}
 
 			// A question, where the agent asks through ACP elicitation
