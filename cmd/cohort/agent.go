@@ -45,6 +45,11 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	slog.SetDefault(log)
 	cfg.Logger = log
+	stopTracing, err := startTracing(ctx, "cohort-agent")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
 		"state_dir", cfg.StateDir, "sandbox", sandbox.Available())
 	err = agent.Serve(ctx, cfg, stdin, stdout)

@@ -21,6 +21,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 // internCmd runs one intern's daemon: `cohort intern`.
@@ -148,7 +149,12 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	hs := internd.HTTPServer(d.Handler(), log)
+	stopTracing, err := startTracing(ctx, "cohort-intern")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	hs := internd.HTTPServer(telemetry.Handler(d.Handler()), log)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	// The first line on stdout is the address: a provisioner that passed

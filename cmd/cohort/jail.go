@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 // modelKeyPlaceholder is the model key agents hold inside a jail; the
@@ -56,12 +58,17 @@ func jailInterns(prov *provision.Provisioner, srv *server.Server, cfg config.Con
 			return nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
+	traces, tracesHeaders := "", http.Header(nil)
+	if telemetry.Enabled() {
+		traces, tracesHeaders = telemetry.TracesEndpoint()
+	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: baseURL, ModelAPIKey: key,
-		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, Log: srv.Log.With("component", "egress")})
+		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
+		Log: srv.Log.With("component", "egress")})
 	if err != nil {
 		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA),
+	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
 		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
 	if key != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder

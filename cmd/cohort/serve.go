@@ -22,6 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 	"github.com/cohort-dev/cohort/internal/vault"
 )
 
@@ -79,6 +80,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopTracing, err := startTracing(ctx, "cohort-gateway")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	db, err := openDB(ctx, cfg)
 	if err != nil {
 		return err
@@ -152,7 +158,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 	}
-	hs := server.HTTPServer(cfg.Listen, srv.Handler(), log)
+	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(srv.Handler()), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 
@@ -238,4 +244,18 @@ func serveMetrics(addr string, api net.Addr, db *bun.DB, srv *server.Server, pro
 	fmt.Fprintf(stdout, "Metrics on http://%s/metrics\n", ln.Addr())
 	log.Info("metrics listening", "addr", ln.Addr().String())
 	return func() { hs.Close() }, nil
+}
+
+// startTracing starts OpenTelemetry tracing when the OTEL_* variables ask
+// for it (internal/telemetry); the returned function flushes it.
+func startTracing(ctx context.Context, service string) (func(), error) {
+	stop, err := telemetry.Start(ctx, service)
+	if err != nil {
+		return nil, fmt.Errorf("tracing (OTEL_*): %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		stop(ctx)
+	}, nil
 }

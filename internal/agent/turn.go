@@ -12,6 +12,7 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 // Tool names offered to the model.
@@ -124,6 +125,9 @@ func (a *Agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 	if err != nil {
 		return acp.PromptResponse{}, err
 	}
+	// The daemon's trace, from _meta (traceparent): the turn is a span of it.
+	ctx, span := telemetry.Tracer().Start(telemetry.Extract(ctx, p.Meta), "agent prompt")
+	defer span.End()
 	s.mu.Lock()
 	def := s.mode
 	s.mu.Unlock()

@@ -166,12 +166,13 @@ func tail(s string, n int) string {
 	return s
 }
 
-// cleanEnv is this process's environment without COHORT_* settings, so a
-// developer's shell cannot change what the tests start.
+// cleanEnv is this process's environment without COHORT_*, OPENAI_* and
+// OTEL_* settings, so a developer's shell cannot change what the tests
+// start.
 func cleanEnv() []string {
 	var out []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "OPENAI_") {
+		if !strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "OPENAI_") && !strings.HasPrefix(kv, "OTEL_") {
 			out = append(out, kv)
 		}
 	}

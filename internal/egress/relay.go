@@ -9,7 +9,9 @@
 //     so the key never enters the jail;
 //   - KindInternet: an HTTP proxy (CONNECT and absolute-form requests) to
 //     public addresses only: never the gateway's loopback services, private
-//     ranges or the machine's own addresses.
+//     ranges or the machine's own addresses;
+//   - KindTelemetry: traces (OTLP/HTTP POST /v1/traces) to the operator's
+//     collector, with its headers added on the way out.
 package egress
 
 import (
@@ -33,9 +35,10 @@ import (
 
 // Relay kinds: the byte a jail sends with each connection.
 const (
-	KindGateway  byte = 'g'
-	KindModel    byte = 'm'
-	KindInternet byte = 'i'
+	KindGateway   byte = 'g'
+	KindModel     byte = 'm'
+	KindInternet  byte = 'i'
+	KindTelemetry byte = 't'
 )
 
 // DefaultModelBaseURL is the model endpoint when none is configured (the
@@ -65,7 +68,12 @@ type Config struct {
 	// Allow opens non-public destinations to KindInternet, as the operator
 	// listed them (--intern-egress-allow-hosts); nil opens none.
 	Allow *safehttp.Allowlist
-	Log   *slog.Logger
+	// TracesURL, when set, is where KindTelemetry sends traces (the
+	// operator's OTLP/HTTP traces endpoint), with TracesHeaders (the
+	// collector's credentials, which stay outside the jail).
+	TracesURL     string
+	TracesHeaders http.Header
+	Log           *slog.Logger
 }
 
 // Relay serves relay connections. Serve may be called concurrently.
@@ -76,6 +84,7 @@ type Relay struct {
 
 	modelH    http.Handler
 	internetH http.Handler
+	tracesH   http.Handler
 	dialer    *net.Dialer
 	forward   *http.Transport
 	// modelTransport carries every model request, the operator's endpoint
@@ -109,6 +118,13 @@ func New(cfg Config) (*Relay, error) {
 		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
 	static := func(context.Context) (string, error) { return cfg.ModelAPIKey, nil }
 	r.modelH, r.internetH = r.modelProxy(u, static), http.HandlerFunc(r.internet)
+	if cfg.TracesURL != "" {
+		t, err := url.Parse(cfg.TracesURL)
+		if err != nil || (t.Scheme != "http" && t.Scheme != "https") || t.Host == "" {
+			return nil, fmt.Errorf("egress: the traces endpoint must be http:// or https:// with a host, not %q", cfg.TracesURL)
+		}
+		r.tracesH = r.tracesProxy(t)
+	}
 	return r, nil
 }
 
@@ -187,6 +203,34 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 	})
 }
 
+// tracesProxy forwards OTLP trace exports (POST /v1/traces, at most 4 MiB)
+// to the operator's endpoint t, adding its headers; anything else is 404.
+func (r *Relay) tracesProxy(t *url.URL) http.Handler {
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			u := *t
+			pr.Out.URL, pr.Out.Host = &u, t.Host
+			for k, v := range r.cfg.TracesHeaders {
+				pr.Out.Header[k] = v
+			}
+		},
+		Transport: r.modelTransport,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			r.log.Warn("traces relay: collector failed", "host", t.Host)
+			http.Error(w, "the trace collector could not be reached", http.StatusBadGateway)
+		},
+		ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" {
+			http.NotFound(w, req)
+			return
+		}
+		req.Body = http.MaxBytesReader(w, req.Body, 4<<20)
+		proxy.ServeHTTP(w, req)
+	})
+}
+
 // InJailModelURL is the base URL agents use inside the jail: the relay's
 // in-jail address with the real endpoint's path, so paths pass unchanged.
 func (r *Relay) InJailModelURL(addr string) string {
@@ -240,6 +284,12 @@ func (r *Relay) Serve(kind byte, c net.Conn) {
 		serveOne(r.modelH, c)
 	case KindInternet:
 		serveOne(r.internetH, c)
+	case KindTelemetry:
+		if r.tracesH == nil {
+			c.Close()
+			return
+		}
+		serveOne(r.tracesH, c)
 	default:
 		c.Close()
 	}

@@ -496,3 +496,38 @@ func TestInternetRelayOpensOnlyWhatTheOperatorListed(t *testing.T) {
 		}
 	}
 }
+
+// The traces relay passes OTLP exports to the operator's collector with
+// its credentials added outside the jail, and nothing else.
+func TestTracesRelayForwardsExportsOnly(t *testing.T) {
+	var got []string
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		got = append(got, req.Method+" "+req.URL.Path+" "+req.Header.Get("Api-Key")+" "+string(b))
+	}))
+	defer collector.Close()
+	r := newRelay(t, egress.Config{TracesURL: collector.URL + "/otlp/v1/traces", TracesHeaders: http.Header{"Api-Key": {"collector-secret"}}})
+	addr := listen(t, r, egress.KindTelemetry)
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{{"POST", "/v1/traces", 200}, {"GET", "/v1/traces", 404}, {"POST", "/v1/logs", 404}, {"POST", "/other", 404}} {
+		req, _ := http.NewRequest(c.method, "http://"+addr+c.path, strings.NewReader("spans"))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != c.status {
+			t.Errorf("%s %s: %d, want %d", c.method, c.path, res.StatusCode, c.status)
+		}
+	}
+	if len(got) != 1 || got[0] != "POST /otlp/v1/traces collector-secret spans" {
+		t.Fatalf("the collector got %q", got)
+	}
+	// Without a collector the relay closes the connection.
+	off := listen(t, newRelay(t, egress.Config{}), egress.KindTelemetry)
+	if _, err := http.Post("http://"+off+"/v1/traces", "application/x-protobuf", strings.NewReader("x")); err == nil {
+		t.Fatal("a relay without a collector answered")
+	}
+}

@@ -347,7 +347,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 		return nil, err
 	}
 
-	r := d.newRun(s, mode, prompt)
+	r := d.newRun(ctx, s, mode, prompt)
 	r.caller = caller
 	r.attached, r.log.pin = true, 1
 	r.add(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: id, RunId: r.id}}})

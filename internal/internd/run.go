@@ -10,10 +10,13 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 type runState int
@@ -73,8 +76,9 @@ type reply struct {
 	content  map[string]any
 }
 
-func (d *Daemon) newRun(s *session, mode pb.ApprovalMode, prompt string) *run {
-	ctx, cancel := context.WithCancel(context.Background())
+func (d *Daemon) newRun(caller context.Context, s *session, mode pb.ApprovalMode, prompt string) *run {
+	// The run outlives the request that started it; only its trace goes on.
+	ctx, cancel := context.WithCancel(trace.ContextWithSpanContext(context.Background(), trace.SpanContextFromContext(caller)))
 	r := &run{d: d, id: uuid.NewString(), sess: s, mode: mode, prompt: prompt, ctx: ctx, abort: cancel,
 		log: newEventLog(d.cfg.RetainEvents, d.cfg.RetainBytes)}
 	r.consumed = sync.NewCond(&r.mu)
@@ -128,11 +132,15 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 	if r.mode == pb.ApprovalMode_APPROVAL_MODE_MANUAL {
 		mode = "manual"
 	}
-	resp, err := a.conn.Prompt(r.ctx, acp.PromptRequest{
+	ctx, span := telemetry.Tracer().Start(r.ctx, "agent turn", trace.WithAttributes(attribute.String("cohort.run_id", r.id)))
+	meta := map[string]any{MetaApprovalMode: mode}
+	telemetry.Inject(ctx, meta)
+	resp, err := a.conn.Prompt(ctx, acp.PromptRequest{
 		SessionId: acp.SessionId(acpID),
 		Prompt:    []acp.ContentBlock{acp.TextBlock(prompt)},
-		Meta:      map[string]any{MetaApprovalMode: mode},
+		Meta:      meta,
 	})
+	span.End()
 	r.abort()
 
 	r.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 // Ports inside every jail, on its own loopback: where its relays listen.
@@ -20,6 +21,7 @@ const (
 	PortModel    = 7101 // the model endpoint, the model key added on the way out
 	PortGateway  = 7102 // the gateway's API (the vault, for http_request)
 	PortInternet = 7103 // an HTTP proxy to public addresses
+	PortTraces   = 7104 // the operator's trace collector (OTLP/HTTP), when tracing is on
 )
 
 // Relay kinds: the byte a jail sends with each connection (internal/egress).
@@ -27,6 +29,7 @@ const (
 	KindGateway  byte = 'g'
 	KindModel    byte = 'm'
 	KindInternet byte = 'i'
+	KindTraces   byte = 't'
 )
 
 // httpToolCAPath is where a jail holds the operator's http_request CA.
@@ -64,6 +67,9 @@ type JailConfig struct {
 	// ReadOnly are extra host paths bound read-only at the same path (an
 	// agent's runtime outside /usr, say).
 	ReadOnly []string
+	// Traces gives each jail a relay to the operator's trace collector and
+	// points the daemon (and the built-in agent) at it.
+	Traces bool
 	// HTTPToolCA is PEM the daemon's http_request trusts besides the
 	// system roots, put in the jail read-only.
 	HTTPToolCA string
@@ -153,6 +159,12 @@ func (o DaemonJail) Spec() jail.Spec {
 	if o.ModelKeyPlaceholder != "" {
 		env = append(env, "COHORT_AGENT_API_KEY="+o.ModelKeyPlaceholder)
 	}
+	relays := []jail.Relay{{Port: PortModel, Kind: KindModel}, {Port: PortGateway, Kind: KindGateway},
+		{Port: PortInternet, Kind: KindInternet}}
+	if o.Traces {
+		env = append(env, telemetry.JailEnv(fmt.Sprintf("127.0.0.1:%d", PortTraces))...)
+		relays = append(relays, jail.Relay{Port: PortTraces, Kind: KindTraces})
+	}
 	env = append(env, o.AgentEnv...)
 	binds := append(jail.SystemBinds(), jail.Bind{Src: o.Self[0], Dst: binPath})
 	for _, ro := range o.ReadOnly {
@@ -163,11 +175,10 @@ func (o DaemonJail) Spec() jail.Spec {
 	group := fmt.Sprintf("root:x:0:\nintern:x:%d:\nnogroup:x:65534:\n", uid)
 	return jail.Spec{
 		Argv: args, Env: env, Dir: InternDir, Binds: binds,
-		Files: append(files, jail.File{Dst: "/etc/passwd", Content: passwd}, jail.File{Dst: "/etc/group", Content: group}),
-		Hide:  o.Hide,
-		Relays: []jail.Relay{{Port: PortModel, Kind: KindModel}, {Port: PortGateway, Kind: KindGateway},
-			{Port: PortInternet, Kind: KindInternet}},
-		UID: uid, GID: uid, Hostname: "intern",
+		Files:  append(files, jail.File{Dst: "/etc/passwd", Content: passwd}, jail.File{Dst: "/etc/group", Content: group}),
+		Hide:   o.Hide,
+		Relays: relays,
+		UID:    uid, GID: uid, Hostname: "intern",
 	}
 }
 

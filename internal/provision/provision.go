@@ -45,6 +45,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
 // Provisioner modes.
@@ -155,9 +156,9 @@ func (p *Provisioner) init() {
 		// headers and request in one write over h2c (every daemon method is
 		// unary or server-streaming; under TLS it sees only records and
 		// passes them through).
-		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &protos,
+		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: telemetry.Transport(&http.Transport{Protocols: &protos,
 			DialContext:         httpx.CoalescingDialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
-			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}}
+			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second})}}
 	})
 }
 
