@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,7 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -31,14 +33,14 @@ func newTraceReceiver(t *testing.T) *traceReceiver {
 	r := &traceReceiver{}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		b, _ := io.ReadAll(req.Body)
-		var ex coltracepb.ExportTraceServiceRequest
-		if req.URL.Path != "/v1/traces" || proto.Unmarshal(b, &ex) != nil {
+		all, err := resourceSpans(b)
+		if req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" || err != nil {
 			http.Error(w, "not an OTLP trace export", http.StatusBadRequest)
 			return
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		for _, rs := range ex.GetResourceSpans() {
+		for _, rs := range all {
 			service := ""
 			for _, a := range rs.GetResource().GetAttributes() {
 				if a.GetKey() == "service.name" {
@@ -61,6 +63,36 @@ func newTraceReceiver(t *testing.T) *traceReceiver {
 	}))
 	t.Cleanup(r.srv.Close)
 	return r
+}
+
+// resourceSpans decodes an ExportTraceServiceRequest (field 1: repeated
+// ResourceSpans) without the collector package and its gRPC stubs.
+func resourceSpans(b []byte) ([]*tracepb.ResourceSpans, error) {
+	var out []*tracepb.ResourceSpans
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			return nil, fmt.Errorf("unexpected field %d", num)
+		}
+		m, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		rs := &tracepb.ResourceSpans{}
+		if err := proto.Unmarshal(m, rs); err != nil {
+			return nil, err
+		}
+		out = append(out, rs)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no spans")
+	}
+	return out, nil
 }
 
 func (r *traceReceiver) all() []span {

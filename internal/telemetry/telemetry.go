@@ -14,7 +14,6 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -44,7 +43,7 @@ func Start(ctx context.Context, service string) (func(context.Context) error, er
 	if p := os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "http/protobuf" {
 		return nil, errors.New("OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is supported, not " + p)
 	}
-	exp, err := otlptracehttp.New(ctx)
+	exp, err := newOTLPExporter()
 	if err != nil {
 		return nil, err
 	}
