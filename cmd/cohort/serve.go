@@ -22,6 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 	"github.com/cohort-dev/cohort/internal/vault"
 )
@@ -112,6 +113,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := server.New(db, kek, log)
+	if path, ok := store.SQLiteFile(cfg.DatabaseURL, cfg.DataDir); ok {
+		// Exchanges read beside the one writer connection (WAL).
+		reads, err := store.OpenSQLiteReads(ctx, path, 4)
+		if err != nil {
+			return err
+		}
+		defer reads.Close()
+		srv.Federation.Reads = reads
+	}
 	srv.ChatSSE.Keepalive = cfg.ChatKeepalive
 	srv.Chat.FirstEventTimeout, srv.Chat.EventTimeout = cfg.FirstEventTimeout, cfg.EventTimeout
 	stopChat, err := startChat(ctx, srv, cfg)

@@ -136,11 +136,11 @@ func (a *auditWriter) write(ctx context.Context, rows []*store.FederationExchang
 
 func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchange) error {
 	pg := a.s.DB.Dialect().Name() == dialect.PG
-	one, err := a.stmt.get(ctx, a.s.DB, auditInsert(pg, 1))
+	one, err := a.stmt.get(ctx, a.s.DB.DB, auditInsert(pg, 1))
 	if err != nil {
 		return err
 	}
-	many, err := a.chunkStmt.get(ctx, a.s.DB, auditInsert(pg, auditChunk))
+	many, err := a.chunkStmt.get(ctx, a.s.DB.DB, auditInsert(pg, auditChunk))
 	if err != nil {
 		return err
 	}

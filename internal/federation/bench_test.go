@@ -21,12 +21,22 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkFederation -count 10 ./internal/federation/
 func BenchmarkFederation(b *testing.B) {
+	for _, pool := range []string{"one_connection", "read_pool"} {
+		b.Run(pool, func(b *testing.B) { benchFederation(b, pool == "read_pool") })
+	}
+}
+
+func benchFederation(b *testing.B, readPool bool) {
 	p := newIDP(b)
-	f := newFed(b, storetest.SQLite(b), p)
+	db, reads := storetest.SQLiteWithReads(b)
+	f := newFed(b, db, p)
 	// A gateway as `cohort serve` builds it, logging to nowhere (the test
 	// environment keeps every log line in memory).
 	srv := server.New(f.DB, f.Server.KEK, slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	srv.Federation.Config = settings(p)
+	if readPool {
+		srv.Federation.Reads = reads
+	}
 	b.Cleanup(srv.Federation.Close)
 	h := srv.Handler()
 	body := exchangeForm(p.token(b, kidRSA, p.claims()), f.policyID)
@@ -49,6 +59,21 @@ func BenchmarkFederation(b *testing.B) {
 				b.Fatalf("exchange: %d", code)
 			}
 		}
+	})
+
+	// Eight clients at once on two cores: with one SQLite connection for
+	// everything, the policy reads queue behind each other.
+	b.Run("exchange_8_clients", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(4)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if code := exchange(); code != http.StatusOK {
+					b.Errorf("exchange: %d", code)
+					return
+				}
+			}
+		})
 	})
 
 	b.Run("crypto_floor", func(b *testing.B) {

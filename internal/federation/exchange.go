@@ -17,7 +17,6 @@ import (
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
-	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -99,9 +98,18 @@ type preparedStmt struct {
 	err  error
 }
 
-func (p *preparedStmt) get(ctx context.Context, db *bun.DB, query string) (*sql.Stmt, error) {
-	p.once.Do(func() { p.stmt, p.err = db.DB.PrepareContext(context.WithoutCancel(ctx), query) })
+func (p *preparedStmt) get(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
+	p.once.Do(func() { p.stmt, p.err = db.PrepareContext(context.WithoutCancel(ctx), query) })
 	return p.stmt, p.err
+}
+
+// reads is where the exchange's lookups run: the read pool when there is
+// one (SQLite), else the database's own pool.
+func (s *Service) reads() *sql.DB {
+	if s.Reads != nil {
+		return s.Reads
+	}
+	return s.DB.DB
 }
 
 // loadPolicyRow returns the policy (of orgID when it is set), or nil when
@@ -112,9 +120,9 @@ func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyR
 	var err error
 	args := []any{id}
 	if orgID == "" {
-		stmt, err = s.policyStmt.get(ctx, s.DB, policyQuery(pg, false))
+		stmt, err = s.policyStmt.get(ctx, s.reads(), policyQuery(pg, false))
 	} else {
-		stmt, err = s.policyOrgStmt.get(ctx, s.DB, policyQuery(pg, true))
+		stmt, err = s.policyOrgStmt.get(ctx, s.reads(), policyQuery(pg, true))
 		args = append(args, orgID)
 	}
 	if err != nil {

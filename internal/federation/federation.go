@@ -81,9 +81,12 @@ var DefaultExchangeRate = ratelimit.PerMinute(60)
 
 // Service is workload identity federation over the store.
 type Service struct {
-	DB  *bun.DB
-	KEK *envelope.KEK
-	Log *slog.Logger
+	DB *bun.DB
+	// Reads, when set, is a read-only pool the exchange's lookups use
+	// (SQLite's single-connection DB would queue them: docs/benchmarks.md).
+	Reads *sql.DB
+	KEK   *envelope.KEK
+	Log   *slog.Logger
 	// Now is the clock (nil: the wall clock); tests move it.
 	Now func() time.Time
 	// Config holds the tunables; see Settings.

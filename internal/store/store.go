@@ -41,14 +41,26 @@ func Open(ctx context.Context, databaseURL, dataDir string) (*bun.DB, error) {
 	if databaseURL != "" && !strings.HasPrefix(databaseURL, "sqlite:") {
 		return nil, fmt.Errorf("database url: want postgres://… or sqlite:PATH, got scheme %q", scheme(databaseURL))
 	}
-	path := strings.TrimPrefix(databaseURL, "sqlite:")
-	if path == "" {
+	path, _ := SQLiteFile(databaseURL, dataDir)
+	if strings.TrimPrefix(databaseURL, "sqlite:") == "" {
 		if err := os.MkdirAll(dataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("create data directory: %w", err)
 		}
-		path = filepath.Join(dataDir, "cohort.db")
 	}
 	return OpenSQLite(ctx, path)
+}
+
+// SQLiteFile is the SQLite file Open uses for databaseURL, and whether it
+// is one (not PostgreSQL, not in memory).
+func SQLiteFile(databaseURL, dataDir string) (string, bool) {
+	if IsPostgres(databaseURL) {
+		return "", false
+	}
+	path := strings.TrimPrefix(databaseURL, "sqlite:")
+	if path == "" {
+		path = filepath.Join(dataDir, "cohort.db")
+	}
+	return path, path != ":memory:" && !strings.Contains(path, "mode=memory")
 }
 
 // OpenSQLite opens (creating) the SQLite database file at path with WAL,
@@ -91,6 +103,26 @@ func OpenSQLiteSync(ctx context.Context, path, synchronous string) (*bun.DB, err
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// OpenSQLiteReads opens a pool of read-only connections to the SQLite
+// database at path (already opened, in WAL mode, by OpenSQLite): WAL lets
+// readers run beside each other and beside the one writer, so hot read
+// paths (the token exchange's policy lookup) scale with cores instead of
+// queueing on the writer's single connection.
+func OpenSQLiteReads(ctx context.Context, path string, conns int) (*sql.DB, error) {
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=query_only(1)"
+	sqldb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite reads: %w", err)
+	}
+	sqldb.SetMaxOpenConns(conns)
+	sqldb.SetMaxIdleConns(conns)
+	if err := sqldb.PingContext(ctx); err != nil {
+		sqldb.Close()
+		return nil, fmt.Errorf("open sqlite reads %s: %w", path, err)
+	}
+	return sqldb, nil
 }
 
 // IsPostgres reports whether url names a PostgreSQL database.

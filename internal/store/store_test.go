@@ -183,3 +183,49 @@ func TestTerminatedBackendsAreRetried(t *testing.T) {
 		t.Fatalf("ping after: %v", err)
 	}
 }
+
+// The read pool sees what the writer committed, reads while the writer
+// holds a transaction open (WAL), and cannot write; in-memory and
+// PostgreSQL databases get none.
+func TestSQLiteReadPool(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := store.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	path, ok := store.SQLiteFile("", dir)
+	if !ok {
+		t.Fatal("the embedded database is not a file")
+	}
+	reads, err := store.OpenSQLiteReads(ctx, path, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reads.Close()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('committed')"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "INSERT INTO t VALUES ('pending')"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var v string
+	if err := reads.QueryRowContext(ctx, "SELECT count(*), min(v) FROM t").Scan(&n, &v); err != nil || n != 1 || v != "committed" {
+		t.Fatalf("read beside an open write: %d %q %v", n, v, err)
+	}
+	if _, err := reads.ExecContext(ctx, "INSERT INTO t VALUES ('from the pool')"); err == nil {
+		t.Fatal("the read pool wrote")
+	}
+	for _, url := range []string{"sqlite::memory:", "postgres://x@y/z"} {
+		if _, ok := store.SQLiteFile(url, dir); ok {
+			t.Errorf("%s has a read pool", url)
+		}
+	}
+}

@@ -35,9 +35,28 @@ func SQLite(t testing.TB) *bun.DB {
 
 // SQLiteSync is SQLite with another synchronous setting (benchmarks).
 func SQLiteSync(t testing.TB, synchronous string) *bun.DB {
+	db, _ := sqliteAt(t, synchronous)
+	return db
+}
+
+// SQLiteWithReads is SQLite with a read-only pool beside it, as serve
+// opens them.
+func SQLiteWithReads(t testing.TB) (*bun.DB, *sql.DB) {
+	t.Helper()
+	db, path := sqliteAt(t, "FULL")
+	reads, err := store.OpenSQLiteReads(context.Background(), path, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reads.Close() })
+	return db, reads
+}
+
+func sqliteAt(t testing.TB, synchronous string) (*bun.DB, string) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := store.OpenSQLiteSync(ctx, filepath.Join(t.TempDir(), "cohort.db"), synchronous)
+	path := filepath.Join(t.TempDir(), "cohort.db")
+	db, err := store.OpenSQLiteSync(ctx, path, synchronous)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +64,7 @@ func SQLiteSync(t testing.TB, synchronous string) *bun.DB {
 	if err := store.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	return db
+	return db, path
 }
 
 var pgOnce struct {
