@@ -160,6 +160,11 @@ func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
 		{name: "connect to Redis", command: connect("6379"), success: []string{"reached-1006379"}},
 		{name: "connect to another intern's daemon", command: connect(otherPort), success: []string{fmt.Sprintf("reached-%d", 1000000+atoi(otherPort))}},
 		{name: "ask the egress proxy for loopback", command: `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7103; printf "CONNECT 127.0.0.1:5432 HTTP/1.1\r\nHost: 127.0.0.1:5432\r\n\r\n" >&3; head -c 40 <&3' 2>&1`, success: []string{"HTTP/1.1 200"}},
+		// .localhost names are loopback to the relay (RFC 6761): refused like 127.0.0.1 unless an
+		// operator lists a loopback range, which this gateway does not.
+		{name: "ask the egress proxy for a .localhost name", command: `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7103; printf "CONNECT db.localhost:5432 HTTP/1.1\r\nHost: db.localhost:5432\r\n\r\n" >&3; head -c 40 <&3' 2>&1`, success: []string{"HTTP/1.1 200"}},
+		// Without tracing there is no trace relay in the jail.
+		{name: "reach a trace relay the gateway does not run", command: connect("7104"), success: []string{"reached-1007104"}},
 		{name: "write outside the intern's directory", command: "touch " + d + "/pwned " + d + "/interns/" + tg.other + "/pwned /usr/pwned /etc/pwned /pwned 2>&1",
 			untouched: []string{d + "/pwned", d + "/interns/" + tg.other + "/pwned", "/usr/pwned", "/etc/pwned", "/pwned"}},
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},

@@ -10,7 +10,7 @@
 //   - KindInternet: an HTTP proxy (CONNECT and absolute-form requests) to
 //     public addresses only: never the gateway's loopback services, private
 //     ranges or the machine's own addresses;
-//   - KindTelemetry: traces (OTLP/HTTP POST /v1/traces) to the operator's
+//   - KindTraces: traces (OTLP/HTTP POST /v1/traces) to the operator's
 //     collector, with its headers added on the way out.
 package egress
 
@@ -35,10 +35,10 @@ import (
 
 // Relay kinds: the byte a jail sends with each connection.
 const (
-	KindGateway   byte = 'g'
-	KindModel     byte = 'm'
-	KindInternet  byte = 'i'
-	KindTelemetry byte = 't'
+	KindGateway  byte = 'g'
+	KindModel    byte = 'm'
+	KindInternet byte = 'i'
+	KindTraces   byte = 't'
 )
 
 // DefaultModelBaseURL is the model endpoint when none is configured (the
@@ -68,7 +68,7 @@ type Config struct {
 	// Allow opens non-public destinations to KindInternet, as the operator
 	// listed them (--intern-egress-allow-hosts); nil opens none.
 	Allow *safehttp.Allowlist
-	// TracesURL, when set, is where KindTelemetry sends traces (the
+	// TracesURL, when set, is where KindTraces sends traces (the
 	// operator's OTLP/HTTP traces endpoint), with TracesHeaders (the
 	// collector's credentials, which stay outside the jail).
 	TracesURL     string
@@ -284,7 +284,7 @@ func (r *Relay) Serve(kind byte, c net.Conn) {
 		serveOne(r.modelH, c)
 	case KindInternet:
 		serveOne(r.internetH, c)
-	case KindTelemetry:
+	case KindTraces:
 		if r.tracesH == nil {
 			c.Close()
 			return

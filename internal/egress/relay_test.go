@@ -507,7 +507,7 @@ func TestTracesRelayForwardsExportsOnly(t *testing.T) {
 	}))
 	defer collector.Close()
 	r := newRelay(t, egress.Config{TracesURL: collector.URL + "/otlp/v1/traces", TracesHeaders: http.Header{"Api-Key": {"collector-secret"}}})
-	addr := listen(t, r, egress.KindTelemetry)
+	addr := listen(t, r, egress.KindTraces)
 	for _, c := range []struct {
 		method, path string
 		status       int
@@ -526,7 +526,7 @@ func TestTracesRelayForwardsExportsOnly(t *testing.T) {
 		t.Fatalf("the collector got %q", got)
 	}
 	// Without a collector the relay closes the connection.
-	off := listen(t, newRelay(t, egress.Config{}), egress.KindTelemetry)
+	off := listen(t, newRelay(t, egress.Config{}), egress.KindTraces)
 	if _, err := http.Post("http://"+off+"/v1/traces", "application/x-protobuf", strings.NewReader("x")); err == nil {
 		t.Fatal("a relay without a collector answered")
 	}
