@@ -152,6 +152,10 @@ type Daemon struct {
 
 	live   atomic.Int32 // runs streaming
 	paused atomic.Int32 // runs held open across a question
+	// lastCall is when a call other than Status last started or ended
+	// (unix nanoseconds): Status reports the idle time from it, so a
+	// fleet of gateway replicas can agree on who is idle.
+	lastCall atomic.Int64
 	// pausedBy counts them per caller (guarded by pmu, which also orders
 	// reservations against the total).
 	pmu      sync.Mutex
@@ -199,6 +203,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: fs, work: work,
 		sessions: map[string]*session{}, byACP: map[string]*session{}}
+	d.touch()
 	if err := d.startTools(); err != nil {
 		return nil, err
 	}
@@ -252,12 +257,17 @@ func newInteractionID() string {
 	return "call_" + hex.EncodeToString(b[:])
 }
 
+// touch records a call other than Status (its start or its end).
+func (d *Daemon) touch() { d.lastCall.Store(d.now().UnixNano()) }
+
 // Status reports health, agent and counts.
 func (d *Daemon) Status() *pb.StatusResponse {
+	idle := max(d.now().Sub(time.Unix(0, d.lastCall.Load())), 0)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return &pb.StatusResponse{InternId: d.cfg.InternID, Agent: d.agentID, Model: d.cfg.Model,
-		Sessions: int32(d.store.count()), LiveSessions: int32(len(d.sessions)), LiveRuns: d.live.Load(), PausedRuns: d.paused.Load(), AgentError: d.agentErr}
+		Sessions: int32(d.store.count()), LiveSessions: int32(len(d.sessions)), LiveRuns: d.live.Load(), PausedRuns: d.paused.Load(), AgentError: d.agentErr,
+		IdleMs: idle.Milliseconds()}
 }
 
 // checkSessionID applies the 1 to 256 character bound (empty allowed where

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -926,5 +927,32 @@ func TestIdleSessionsLeaveMemory(t *testing.T) {
 	}
 	if st := e.status(t); st.GetLiveSessions() != 2 {
 		t.Fatalf("status: %v", st)
+	}
+}
+
+// Status says how long the daemon has gone without a call other than
+// Status, whichever gateway replica made it: the fleet on a cluster puts
+// an intern to sleep by it.
+func TestStatusReportsIdleTime(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	e := newEnv(t, func(c *internd.Config) { c.Now = clock })
+	if got := e.status(t).GetIdleMs(); got != 0 {
+		t.Fatalf("idle of a new daemon: %d ms", got)
+	}
+	now.Add(int64(90 * time.Second))
+	if got := e.status(t).GetIdleMs(); got != 90_000 {
+		t.Fatalf("idle after 90 s and a Status: %d ms", got)
+	}
+	if _, err := e.start(t, "s1", "hello", pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.status(t).GetIdleMs(); got != 0 {
+		t.Fatalf("idle right after a turn: %d ms", got)
+	}
+	now.Add(int64(5 * time.Second))
+	if got := e.status(t).GetIdleMs(); got != 5_000 {
+		t.Fatalf("idle 5 s after a turn: %d ms", got)
 	}
 }

@@ -86,6 +86,8 @@ type service struct{ d *Daemon }
 var _ interndv1connect.InternDaemonServiceHandler = service{}
 
 func (s service) StartTurn(ctx context.Context, req *connect.Request[pb.StartTurnRequest], st *connect.ServerStream[pb.StartTurnResponse]) error {
+	s.d.touch()
+	defer s.d.touch()
 	r, err := s.d.StartTurn(ctx, req.Msg)
 	if err != nil {
 		return err
@@ -94,6 +96,8 @@ func (s service) StartTurn(ctx context.Context, req *connect.Request[pb.StartTur
 }
 
 func (s service) Answer(ctx context.Context, req *connect.Request[pb.AnswerRequest], st *connect.ServerStream[pb.AnswerResponse]) error {
+	s.d.touch()
+	defer s.d.touch()
 	r, from, err := s.d.Answer(ctx, req.Msg)
 	if err != nil {
 		return err
@@ -102,6 +106,8 @@ func (s service) Answer(ctx context.Context, req *connect.Request[pb.AnswerReque
 }
 
 func (s service) Attach(ctx context.Context, req *connect.Request[pb.AttachRequest], st *connect.ServerStream[pb.AttachResponse]) error {
+	s.d.touch()
+	defer s.d.touch()
 	r, err := s.d.Attach(req.Msg)
 	if err != nil {
 		return err
@@ -110,6 +116,7 @@ func (s service) Attach(ctx context.Context, req *connect.Request[pb.AttachReque
 }
 
 func (s service) Cancel(ctx context.Context, req *connect.Request[pb.CancelRequest]) (*connect.Response[pb.CancelResponse], error) {
+	s.d.touch()
 	return connect.NewResponse(&pb.CancelResponse{Cancelled: s.d.Cancel(req.Msg)}), nil
 }
 

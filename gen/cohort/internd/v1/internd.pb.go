@@ -602,7 +602,10 @@ type StatusResponse struct {
 	// initialize); empty while it is up. The daemon itself stays up.
 	AgentError string `protobuf:"bytes,7,opt,name=agent_error,json=agentError,proto3" json:"agent_error,omitempty"`
 	// Sessions held in memory (used recently); sessions counts them all.
-	LiveSessions  int32 `protobuf:"varint,8,opt,name=live_sessions,json=liveSessions,proto3" json:"live_sessions,omitempty"`
+	LiveSessions int32 `protobuf:"varint,8,opt,name=live_sessions,json=liveSessions,proto3" json:"live_sessions,omitempty"`
+	// Milliseconds since a call other than Status last started or ended: how
+	// long the intern has been idle, whichever gateway replica called it.
+	IdleMs        int64 `protobuf:"varint,9,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -689,6 +692,13 @@ func (x *StatusResponse) GetAgentError() string {
 func (x *StatusResponse) GetLiveSessions() int32 {
 	if x != nil {
 		return x.LiveSessions
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetIdleMs() int64 {
+	if x != nil {
+		return x.IdleMs
 	}
 	return 0
 }
@@ -1476,7 +1486,7 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\".\n" +
 	"\x0eCancelResponse\x12\x1c\n" +
 	"\tcancelled\x18\x01 \x01(\bR\tcancelled\"\x0f\n" +
-	"\rStatusRequest\"\xf9\x01\n" +
+	"\rStatusRequest\"\x92\x02\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x14\n" +
@@ -1487,7 +1497,8 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"pausedRuns\x12\x1f\n" +
 	"\vagent_error\x18\a \x01(\tR\n" +
 	"agentError\x12#\n" +
-	"\rlive_sessions\x18\b \x01(\x05R\fliveSessions\"\xb2\x03\n" +
+	"\rlive_sessions\x18\b \x01(\x05R\fliveSessions\x12\x17\n" +
+	"\aidle_ms\x18\t \x01(\x03R\x06idleMs\"\xb2\x03\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x14\n" +
