@@ -35,7 +35,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
-	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon; remote: the operator runs them and registers each (COHORT_PROVISIONER)")
+	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon in a jail; remote: the operator runs them and registers each; kubernetes: each awake intern is a Pod (COHORT_PROVISIONER)")
+	kube := kubeFlags(fs)
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
 	egressAllow := fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
@@ -56,8 +57,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fleet(); err != nil {
 		return err
 	}
-	if cfg.Provisioner != provision.Local && cfg.Provisioner != provision.Remote {
-		return fmt.Errorf("--provisioner must be local or remote, not %q", cfg.Provisioner)
+	var err error
+	var kubeCfg *provision.KubeConfig
+	switch cfg.Provisioner {
+	case provision.Local, provision.Remote:
+	case provision.Kubernetes:
+		if kubeCfg, err = kube.build(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
 	}
 	catalog, err := agentCatalog(cfg)
 	if err != nil {
@@ -137,7 +146,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
 		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand,
 		IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
-		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile}
+		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile, Kube: kubeCfg}
 	srv.Interns.Agents = catalog
 	prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
 		return srv.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
@@ -215,7 +224,7 @@ func localGatewayURL(a net.Addr) string {
 // fleetFlags declares the local fleet's flags; the returned func checks
 // them after parsing, naming the flag (and its variable) that is wrong.
 func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
-	idle := fs.String("intern-idle-timeout", env("COHORT_INTERN_IDLE_TIMEOUT", cfg.InternIdleTimeout.String()), "with local, an intern with no run, paused run or open stream for this long sleeps (its jail stops; the next turn wakes it); 0 never (COHORT_INTERN_IDLE_TIMEOUT)")
+	idle := fs.String("intern-idle-timeout", env("COHORT_INTERN_IDLE_TIMEOUT", cfg.InternIdleTimeout.String()), "with local or kubernetes, an intern with no run, paused run or open stream for this long sleeps (its jail or Pod stops; the next turn wakes it); 0 never (COHORT_INTERN_IDLE_TIMEOUT)")
 	maxAwake := fs.String("max-awake-interns", env("COHORT_MAX_AWAKE_INTERNS", "0"), "with local, at most this many interns awake; at the cap the least recently used idle one sleeps; 0 no cap (COHORT_MAX_AWAKE_INTERNS)")
 	conc := fs.String("intern-start-concurrency", env("COHORT_INTERN_START_CONCURRENCY", strconv.Itoa(cfg.InternStartConcurrency)), "with local, at most this many interns starting at once (COHORT_INTERN_START_CONCURRENCY)")
 	return func() error {

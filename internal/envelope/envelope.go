@@ -70,8 +70,10 @@ func readKeyset(path string) (*keyset.Handle, time.Time, error) {
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("key-encryption key: %w", err)
 	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return nil, time.Time{}, fmt.Errorf("key-encryption key %s is readable by others (mode %v): chmod 600 it", path, st.Mode().Perm())
+	// Group read is allowed: Kubernetes mounts a Secret's files 0440 for
+	// a non-root Pod (fsGroup), and only the file's group may read it.
+	if st.Mode().Perm()&0o037 != 0 {
+		return nil, time.Time{}, fmt.Errorf("key-encryption key %s is readable by others or writable by its group (mode %v): chmod 600 it", path, st.Mode().Perm())
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -86,15 +86,22 @@ func TestRotateWithoutRestart(t *testing.T) {
 	}
 }
 
-func TestRefusesWorldReadableFile(t *testing.T) {
+func TestRefusesFileOthersMayRead(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "kek.json")
 	if _, err := envelope.LoadOrCreate(path); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(path, 0o644)
-	if _, err := envelope.Load(path); err == nil {
-		t.Fatal("world-readable KEK file accepted")
+	for _, mode := range []os.FileMode{0o644, 0o604, 0o660, 0o620} {
+		os.Chmod(path, mode)
+		if _, err := envelope.Load(path); err == nil {
+			t.Fatalf("KEK file of mode %v accepted", mode)
+		}
+	}
+	// As Kubernetes mounts a Secret for a non-root Pod (fsGroup).
+	os.Chmod(path, 0o440)
+	if _, err := envelope.Load(path); err != nil {
+		t.Fatalf("KEK file of mode 0440 refused: %v", err)
 	}
 	os.WriteFile(filepath.Join(filepath.Dir(path), "bad.json"), []byte("{}"), 0o600)
 	if _, err := envelope.Load(filepath.Join(filepath.Dir(path), "bad.json")); err == nil {

@@ -69,6 +69,10 @@ func (p *Provisioner) nudge() {
 func (p *Provisioner) runFleet() {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.fleet.stop = cancel
+	p.fleetCtx = ctx
+	if p.kube != nil {
+		p.kube.start(ctx)
+	}
 	p.fleet.done.Add(1)
 	go func() {
 		defer p.fleet.done.Done()
@@ -160,6 +164,9 @@ func (p *Provisioner) listenOnce(ctx context.Context) error {
 // reconcile makes the supervisors match the database: a daemon for every
 // intern in provisioning or running (within MaxAwake), none for the others.
 func (p *Provisioner) reconcile(ctx context.Context) error {
+	if p.kube != nil {
+		return p.reconcileKube(ctx)
+	}
 	p.fleet.rec.Lock()
 	defer p.fleet.rec.Unlock()
 	var rows []store.Intern
@@ -235,6 +242,10 @@ func (p *Provisioner) room(ctx context.Context) bool {
 
 // sleepIdle puts to sleep every awake intern idle for IdleTimeout.
 func (p *Provisioner) sleepIdle(ctx context.Context) {
+	if p.kube != nil {
+		p.sleepIdleKube(ctx)
+		return
+	}
 	cutoff := time.Now().Add(-p.IdleTimeout)
 	p.mu.Lock()
 	type cand struct {
@@ -298,6 +309,9 @@ func (p *Provisioner) Wake(ctx context.Context, in *store.Intern) (_ *store.Inte
 	if in.State == store.InternSleeping && p.OnWake != nil {
 		began := time.Now()
 		defer func() { p.OnWake(time.Since(began), err == nil) }()
+	}
+	if p.kube != nil {
+		return p.wakeKube(ctx, in)
 	}
 	p.fleet.rec.Lock()
 	if !p.awake(in.ID) && !p.room(ctx) {
@@ -366,6 +380,12 @@ func (p *Provisioner) row(ctx context.Context, id string) (*store.Intern, error)
 // used records a call to the intern's daemon (open: +1 when a stream
 // starts, -1 when it ends): a used intern is not idle.
 func (p *Provisioner) used(id string, open int) {
+	if k := p.kube; k != nil {
+		k.mu.Lock()
+		k.used[id] = time.Now()
+		k.mu.Unlock()
+		return
+	}
 	p.mu.Lock()
 	if s := p.sups[id]; s != nil {
 		s.lastUsed = time.Now()

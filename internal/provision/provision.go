@@ -113,8 +113,13 @@ type Provisioner struct {
 	// OnWake, when set, is told of every wake of a sleeping intern: how
 	// long it took and whether it worked (internal/metrics).
 	OnWake func(took time.Duration, ok bool)
+	// Kube configures the Kubernetes mode (Mode == Kubernetes).
+	Kube *KubeConfig
 
-	fleet fleet
+	fleet    fleet
+	kube     *kubeFleet
+	kubeErr  error
+	fleetCtx context.Context
 
 	once   sync.Once
 	client *http.Client
@@ -144,6 +149,11 @@ func (p *Provisioner) init() {
 			p.RestartBackoff = time.Second
 		}
 		p.sups = map[string]*supervisor{}
+		p.fleetCtx = context.Background()
+		if p.Mode == Kubernetes {
+			p.kube = &kubeFleet{cfg: p.Kube}
+			p.kubeErr = p.kube.init(p)
+		}
 		p.fleet.kick = make(chan struct{}, 1)
 		p.fleet.sem = make(chan struct{}, cmp.Or(max(p.StartConcurrency, 0), DefaultStartConcurrency))
 		// Daemons speak h2c (http://): one connection carries many run
@@ -283,6 +293,19 @@ func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 // as the gateway comes up.
 func (p *Provisioner) Start(ctx context.Context) error {
 	p.init()
+	if p.Mode == Kubernetes {
+		if p.kubeErr != nil {
+			return p.kubeErr
+		}
+		// Pods outlive the gateway: the reconciler finds them as they are.
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if !closed {
+			p.runFleet()
+		}
+		return nil
+	}
 	if p.Mode != Remote {
 		// The daemons of a previous gateway process died with it. With
 		// sleep enabled, its running interns sleep (the next turn wakes

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/server"
+)
+
+// kubeSettings are the flags of --provisioner kubernetes (docs/kubernetes.md).
+type kubeSettings struct {
+	config, namespace, image, gatewayURL                      *string
+	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
+	storageClass, wakeTimeout                                 *string
+}
+
+func kubeFlags(fs *flag.FlagSet) *kubeSettings {
+	return &kubeSettings{
+		config:        fs.String("kube-config", env("COHORT_KUBE_CONFIG", ""), "with kubernetes, the kubeconfig file of the cluster; empty: the Pod's own service account (COHORT_KUBE_CONFIG)"),
+		namespace:     fs.String("kube-namespace", env("COHORT_KUBE_NAMESPACE", "cohort-interns"), "with kubernetes, the namespace of intern Pods, claims, Secrets and Leases (COHORT_KUBE_NAMESPACE)"),
+		image:         fs.String("kube-image", env("COHORT_KUBE_IMAGE", ""), "with kubernetes, the image intern Pods run (/cohort intern): the gateway's own; required (COHORT_KUBE_IMAGE)"),
+		gatewayURL:    fs.String("kube-gateway-url", env("COHORT_KUBE_GATEWAY_URL", ""), "with kubernetes, where intern Pods reach the gateway (http://cohort.cohort.svc.cluster.local:8080); required (COHORT_KUBE_GATEWAY_URL)"),
+		cpuRequest:    fs.String("kube-cpu-request", env("COHORT_KUBE_CPU_REQUEST", "100m"), "with kubernetes, each intern Pod's CPU request (COHORT_KUBE_CPU_REQUEST)"),
+		memoryRequest: fs.String("kube-memory-request", env("COHORT_KUBE_MEMORY_REQUEST", "128Mi"), "with kubernetes, each intern Pod's memory request (COHORT_KUBE_MEMORY_REQUEST)"),
+		cpuLimit:      fs.String("kube-cpu-limit", env("COHORT_KUBE_CPU_LIMIT", "1"), "with kubernetes, each intern Pod's CPU limit (COHORT_KUBE_CPU_LIMIT)"),
+		memoryLimit:   fs.String("kube-memory-limit", env("COHORT_KUBE_MEMORY_LIMIT", "1Gi"), "with kubernetes, each intern Pod's memory limit (COHORT_KUBE_MEMORY_LIMIT)"),
+		storage:       fs.String("kube-storage-size", env("COHORT_KUBE_STORAGE_SIZE", "1Gi"), "with kubernetes, the size of each intern's claim, which outlives its Pods (COHORT_KUBE_STORAGE_SIZE)"),
+		storageClass:  fs.String("kube-storage-class", env("COHORT_KUBE_STORAGE_CLASS", ""), "with kubernetes, the storage class of the claims; empty: the cluster's default (COHORT_KUBE_STORAGE_CLASS)"),
+		wakeTimeout:   fs.String("kube-wake-timeout", env("COHORT_KUBE_WAKE_TIMEOUT", "2m"), "with kubernetes, how long a wake waits for the intern's Pod to be ready (COHORT_KUBE_WAKE_TIMEOUT)"),
+	}
+}
+
+// build checks the flags and connects to the cluster.
+func (s *kubeSettings) build() (*provision.KubeConfig, error) {
+	if *s.image == "" {
+		return nil, fmt.Errorf("--kube-image (COHORT_KUBE_IMAGE) is required with --provisioner kubernetes")
+	}
+	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
+		return nil, fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
+	}
+	kc := &provision.KubeConfig{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass,
+		GatewayURL: strings.TrimRight(*s.gatewayURL, "/") + server.Prefix, Identity: os.Getenv("POD_NAME"),
+		Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	for _, q := range []struct {
+		flag, env, v string
+		into         corev1.ResourceList
+		name         corev1.ResourceName
+	}{
+		{"kube-cpu-request", "COHORT_KUBE_CPU_REQUEST", *s.cpuRequest, kc.Requests, corev1.ResourceCPU},
+		{"kube-memory-request", "COHORT_KUBE_MEMORY_REQUEST", *s.memoryRequest, kc.Requests, corev1.ResourceMemory},
+		{"kube-cpu-limit", "COHORT_KUBE_CPU_LIMIT", *s.cpuLimit, kc.Limits, corev1.ResourceCPU},
+		{"kube-memory-limit", "COHORT_KUBE_MEMORY_LIMIT", *s.memoryLimit, kc.Limits, corev1.ResourceMemory},
+		{"kube-storage-size", "COHORT_KUBE_STORAGE_SIZE", *s.storage, nil, corev1.ResourceStorage},
+	} {
+		if q.v == "" && q.into != nil {
+			continue // no request or limit of that kind
+		}
+		v, err := resource.ParseQuantity(q.v)
+		if err != nil || v.Sign() <= 0 {
+			return nil, fmt.Errorf("--%s (%s): %q is not a quantity such as 500m, 256Mi or 2", q.flag, q.env, q.v)
+		}
+		if q.into == nil {
+			kc.StorageSize = v
+		} else {
+			q.into[q.name] = v
+		}
+	}
+	d, err := time.ParseDuration(*s.wakeTimeout)
+	if err != nil || d <= 0 {
+		return nil, fmt.Errorf("--kube-wake-timeout (COHORT_KUBE_WAKE_TIMEOUT): %q is not a duration such as 2m", *s.wakeTimeout)
+	}
+	kc.WakeTimeout = d
+	var rc *rest.Config
+	if *s.config != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", *s.config)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--kube-config (COHORT_KUBE_CONFIG): %w", err)
+	}
+	rc.UserAgent = "cohort-gateway"
+	// client-go's default of 5 requests a second would pace wakes, not the cluster.
+	rc.QPS, rc.Burst = 50, 100
+	kc.REST = rc
+	return kc, nil
+}

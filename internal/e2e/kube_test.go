@@ -1,0 +1,301 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cohort-dev/cohort/internal/kubetest"
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+// kubeNS is the interns' namespace of these tests (serve's default).
+const kubeNS = "cohort-interns"
+
+// kubeFleet is a test cluster with a node played by the test, and two
+// gateway replicas on one PostgreSQL database provisioning interns as Pods.
+type kubeFleet struct {
+	kc   *kubetest.Cluster
+	node *kubetest.Node
+	c    *cluster
+	a, b *proc
+	args []string
+}
+
+func newKubeFleet(t *testing.T, extra ...string) *kubeFleet {
+	t.Helper()
+	kc := kubetest.Start(t)
+	kc.Namespace(t, kubeNS)
+	node := &kubetest.Node{Client: kc.Client, Namespace: kubeNS, Dir: t.TempDir(),
+		Binaries: map[string]string{"/cohort": cohortBin}, Log: t.Logf}
+	node.Start(t)
+	// The Pods reach the gateway as they would its Service: gateway A's
+	// address, chosen before it starts.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	f := &kubeFleet{kc: kc, node: node}
+	f.args = append([]string{"--provisioner", "kubernetes", "--kube-config", kc.Kubeconfig, "--kube-image", "ghcr.io/cohort-dev/cohort:test",
+		"--kube-gateway-url", "http://" + addr}, extra...)
+	f.c, f.a = newCluster(t, storetest.PostgresURL(t), append([]string{"--listen", addr}, f.args...)...)
+	f.b = f.c.Gateway(t, append([]string{"--no-bootstrap"}, f.args...)...)
+	return f
+}
+
+func (f *kubeFleet) pod(t *testing.T, id string) (*corev1.Pod, bool) {
+	t.Helper()
+	p, err := f.kc.Client.CoreV1().Pods(kubeNS).Get(context.Background(), "intern-"+id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, true
+}
+
+func (f *kubeFleet) exists(t *testing.T, what, name string) bool {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	switch what {
+	case "claim":
+		_, err = f.kc.Client.CoreV1().PersistentVolumeClaims(kubeNS).Get(ctx, name, metav1.GetOptions{})
+	case "secret":
+		_, err = f.kc.Client.CoreV1().Secrets(kubeNS).Get(ctx, name, metav1.GetOptions{})
+	case "lease":
+		_, err = f.kc.Client.CoordinationV1().Leases(kubeNS).Get(ctx, name, metav1.GetOptions{})
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// podsStarted counts the Pods of an intern the node has run.
+func (f *kubeFleet) podsStarted(id string) int {
+	n := 0
+	for _, s := range f.node.Started() {
+		if s.Pod == "intern-"+id {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *kubeFleet) state(t *testing.T, id string) string {
+	t.Helper()
+	return f.c.Admin(t, "intern", "get", "--org", f.c.Org, "--id", id)["state"].(string)
+}
+
+// turn streams one turn through gw and checks it answered.
+func turnOK(t *testing.T, gw *proc, key, id, prompt string) *stream {
+	t.Helper()
+	s := readAll(t, chat(t, gw, key, id, user(prompt)))
+	if s.Finish != "stop" || s.Text == "" {
+		t.Fatalf("turn %q through %s: %q %q %v", prompt, gw.URL, s.Finish, s.Text, s.Chunks)
+	}
+	return s
+}
+
+// An intern's life on a cluster: one Pod while awake, reached through
+// either replica; asleep, no Pod and the claim kept; woken by both
+// replicas at once, one Pod; the API server away, a refusal in the spec's
+// shape and recovery when it returns; deleted, nothing left.
+func TestKubernetesInterns(t *testing.T) {
+	f := newKubeFleet(t, "--intern-idle-timeout", "3s")
+	id, c := f.c.Demo, f.c
+
+	s := turnOK(t, f.a, c.WK, id, "$ echo through-a > note.txt; cat note.txt")
+	if !strings.Contains(s.Text, "through-a") {
+		t.Fatalf("self-drive turn in the pod: %q", s.Text)
+	}
+	turnOK(t, f.b, c.WK, id, "hello through b")
+	if n := f.podsStarted(id); n != 1 {
+		t.Fatalf("pods started for one awake intern through two replicas: %d", n)
+	}
+
+	t.Run("pod spec", func(t *testing.T) {
+		pod, ok := f.pod(t, id)
+		if !ok {
+			t.Fatal("no pod")
+		}
+		sp := pod.Spec
+		if sp.AutomountServiceAccountToken == nil || *sp.AutomountServiceAccountToken {
+			t.Error("the service-account token is mounted")
+		}
+		for _, v := range sp.Volumes {
+			if v.Projected != nil || (v.Secret != nil) {
+				t.Errorf("volume %s mounts a token or secret", v.Name)
+			}
+		}
+		ct := sp.Containers[0]
+		sc := ct.SecurityContext
+		if sp.SecurityContext.RunAsNonRoot == nil || !*sp.SecurityContext.RunAsNonRoot || sp.SecurityContext.RunAsUser == nil || *sp.SecurityContext.RunAsUser == 0 {
+			t.Error("the pod may run as root")
+		}
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("container security context: %+v", sc)
+		}
+		if ct.Resources.Limits.Memory().IsZero() || ct.Resources.Requests.Cpu().IsZero() {
+			t.Errorf("resources: %+v", ct.Resources)
+		}
+		// The daemon got its secret from the Secret, and no part of the
+		// Pod's spec holds it.
+		var secret string
+		for _, st := range f.node.Started() {
+			if st.Pod == pod.Name {
+				secret = st.Getenv("COHORT_INTERN_SECRET")
+			}
+		}
+		if len(secret) < 32 {
+			t.Fatalf("the daemon's secret from the Secret: %q", secret)
+		}
+		raw, _ := json.Marshal(pod)
+		if strings.Contains(string(raw), secret) {
+			t.Error("the daemon secret is in the pod's spec")
+		}
+		sec, err := f.kc.Client.CoreV1().Secrets(kubeNS).Get(context.Background(), "intern-"+id+"-daemon", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+			t.Errorf("the Secret is not owned by its pod: %+v", sec.OwnerReferences)
+		}
+	})
+
+	claimDir := filepath.Join(f.node.Dir, "pvc", "intern-"+id)
+	if entries, err := os.ReadDir(claimDir); err != nil || len(entries) == 0 {
+		t.Fatalf("the intern's state on its claim (%s): %v %v", claimDir, entries, err)
+	}
+
+	// Idle past the timeout: the Pod and its Secret go, the claim stays.
+	eventually(t, "the idle intern sleeps", func() bool { return f.state(t, id) == "sleeping" })
+	eventually(t, "the sleeping intern's pod is deleted", func() bool {
+		_, ok := f.pod(t, id)
+		return !ok && f.node.Running() == 0
+	})
+	if !f.exists(t, "claim", "intern-"+id) || f.exists(t, "secret", "intern-"+id+"-daemon") {
+		t.Fatal("asleep: the claim must stay and the Secret go")
+	}
+
+	// Both replicas wake it at once: one Pod, and both turns answered.
+	var wg sync.WaitGroup
+	for i, gw := range []*proc{f.a, f.b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			turnOK(t, gw, c.WK, id, fmt.Sprintf("$ cat note.txt; echo woken-%d", i))
+		}()
+	}
+	wg.Wait()
+	if n := f.podsStarted(id); n != 2 {
+		t.Fatalf("pods started after one wake by two replicas: %d, want 2 in all", n)
+	}
+	s = turnOK(t, f.a, c.WK, id, "$ cat note.txt")
+	if !strings.Contains(s.Text, "through-a") {
+		t.Fatalf("the claim's files after the wake: %q", s.Text)
+	}
+
+	// The API server away: a sleeping intern cannot be woken, and the
+	// caller is told so in the spec's shape; once it is back, it can.
+	eventually(t, "the intern sleeps again", func() bool {
+		_, ok := f.pod(t, id)
+		return f.state(t, id) == "sleeping" && !ok
+	})
+	f.kc.StopAPIServer(t)
+	refusal(t, chat(t, f.b, c.WK, id, user("are you there")), 502, "intern_unreachable")
+	f.kc.StartAPIServer(t)
+	eventually(t, "a turn after the API server returns", func() bool {
+		res := chat(t, f.b, c.WK, id, user("back again"))
+		if res.StatusCode != 200 {
+			res.Body.Close()
+			return false
+		}
+		return readAll(t, res).Finish == "stop"
+	})
+
+	// Deleted: the Pod, the Secret, the claim and the Lease all go.
+	c.Admin(t, "intern", "delete", "--org", c.Org, "--id", id)
+	eventually(t, "the deleted intern's objects are removed", func() bool {
+		_, ok := f.pod(t, id)
+		return !ok && !f.exists(t, "claim", "intern-"+id) && !f.exists(t, "secret", "intern-"+id+"-daemon") && !f.exists(t, "lease", "intern-"+id)
+	})
+}
+
+// Pods outlive the gateways: a run paused before both replicas restarted
+// resumes after. A replica that dies mid-wake leaves its Lease and a Pod
+// perhaps without its Secret: once the Lease expires, the other replica
+// finishes the wake.
+func TestKubernetesReplicaDiesMidWake(t *testing.T) {
+	f := newKubeFleet(t)
+	id, c := f.c.Demo, f.c
+	turnOK(t, f.a, c.WK, id, "hello")
+	p := readAll(t, chat(t, f.a, c.WK, id, user("$ echo survives-restarts", `"approval_mode":"manual"`)))
+	if p.Finish != "tool_calls" {
+		t.Fatalf("pause: %q", p.Finish)
+	}
+	f.a.Stop(t)
+	f.b.Stop(t)
+	f.a = f.c.Gateway(t, append([]string{"--no-bootstrap"}, f.args...)...)
+	r := readAll(t, chat(t, f.a, c.WK, id, p.answer("allow_once")))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "survives-restarts") {
+		t.Fatalf("resume after both replicas restarted: %q %q", r.Finish, r.Text)
+	}
+	if n := f.podsStarted(id); n != 1 {
+		t.Fatalf("pods started: %d", n)
+	}
+
+	// A dies just after creating the Pod of a resumed intern, holding its
+	// Lease; B finishes the wake with that same Pod once the Lease expires.
+	f.b.Stop(t)
+	c.Admin(t, "intern", "suspend", "--org", c.Org, "--id", id)
+	eventually(t, "the suspended intern's pod is deleted", func() bool {
+		_, ok := f.pod(t, id)
+		return !ok
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	w, err := f.kc.Client.CoreV1().Pods(kubeNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=intern-" + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Admin(t, "intern", "resume", "--org", c.Org, "--id", id)
+	var created *corev1.Pod
+	for ev := range w.ResultChan() {
+		if pod, ok := ev.Object.(*corev1.Pod); ok && ev.Type == "ADDED" {
+			f.a.Kill()
+			created = pod
+			break
+		}
+	}
+	w.Stop()
+	if created == nil {
+		t.Fatal("no pod was created for the resumed intern")
+	}
+	f.b = f.c.Gateway(t, append([]string{"--no-bootstrap"}, f.args...)...)
+	began := time.Now()
+	turnOK(t, f.b, c.WK, id, "after the other replica died")
+	pod, ok := f.pod(t, id)
+	if !ok || pod.UID != created.UID {
+		t.Fatalf("the pod the dead replica created was not the one woken: %v", pod)
+	}
+	t.Logf("woken by the other replica %v after the death", time.Since(began).Round(time.Millisecond))
+	if n := f.podsStarted(id); n != 2 {
+		t.Fatalf("pods started after the takeover: %d, want 2 in all", n)
+	}
+}
