@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/server"
 )
@@ -20,7 +23,7 @@ import (
 type kubeSettings struct {
 	config, namespace, image, gatewayURL                      *string
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
-	storageClass, wakeTimeout                                 *string
+	storageClass, wakeTimeout, agentModules                   *string
 }
 
 func kubeFlags(fs *flag.FlagSet) *kubeSettings {
@@ -36,6 +39,7 @@ func kubeFlags(fs *flag.FlagSet) *kubeSettings {
 		storage:       fs.String("kube-storage-size", env("COHORT_KUBE_STORAGE_SIZE", "1Gi"), "with kubernetes, the size of each intern's claim, which outlives its Pods (COHORT_KUBE_STORAGE_SIZE)"),
 		storageClass:  fs.String("kube-storage-class", env("COHORT_KUBE_STORAGE_CLASS", ""), "with kubernetes, the storage class of the claims; empty: the cluster's default (COHORT_KUBE_STORAGE_CLASS)"),
 		wakeTimeout:   fs.String("kube-wake-timeout", env("COHORT_KUBE_WAKE_TIMEOUT", "2m"), "with kubernetes, how long a wake waits for the intern's Pod to be ready (COHORT_KUBE_WAKE_TIMEOUT)"),
+		agentModules:  fs.String("kube-agent-modules", env("COHORT_KUBE_AGENT_MODULES", ""), "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods (COHORT_KUBE_AGENT_MODULES)"),
 	}
 }
 
@@ -47,8 +51,9 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
 		return nil, fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
 	}
-	kc := &provision.KubeConfig{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass,
-		GatewayURL: strings.TrimRight(*s.gatewayURL, "/") + server.Prefix, Identity: os.Getenv("POD_NAME"),
+	root := strings.TrimRight(*s.gatewayURL, "/")
+	kc := &provision.KubeConfig{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
+		GatewayURL: root + server.Prefix, RelayURL: root + provision.RelayPath, Identity: os.Getenv("POD_NAME"),
 		Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
 		flag, env, v string
@@ -93,4 +98,33 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 	rc.QPS, rc.Burst = 50, 100
 	kc.REST = rc
 	return kc, nil
+}
+
+// podRelay is the model relay of intern Pods, served on the gateway's own
+// listener (provision.RelayPath): the operator's model endpoint and key
+// (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, as for jails), and
+// each third-party agent's endpoint with its key from the intern's vault.
+func podRelay(prov *provision.Provisioner, kc *provision.KubeConfig, log *slog.Logger) (http.Handler, func(), error) {
+	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	relay, err := egress.New(egress.Config{ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), ModelAPIKey: key,
+		Placeholder: modelKeyPlaceholder, Log: log.With("component", "egress")})
+	if err != nil {
+		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+	}
+	kc.ModelPath, kc.AgentEnv = relay.ModelPath(), jailAgentEnv(os.Environ())
+	if key != "" {
+		kc.ModelKeyPlaceholder = modelKeyPlaceholder
+	}
+	return prov.PodModelRelay(relay), func() { relay.Close() }, nil
+}
+
+// withPodRelay serves the Pods' model relay beside the API.
+func withPodRelay(api, relay http.Handler) http.Handler {
+	if relay == nil {
+		return api
+	}
+	mux := http.NewServeMux()
+	mux.Handle(provision.RelayPath, relay)
+	mux.Handle("/", api)
+	return mux
 }

@@ -151,6 +151,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
 		return srv.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
 	}
+	var podModels http.Handler
+	if cfg.Provisioner == provision.Kubernetes {
+		h, stopRelay, err := podRelay(prov, kubeCfg, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopRelay()
+		podModels = h
+	}
 	if cfg.Provisioner == provision.Local {
 		stopJails, err := jailInterns(prov, srv, cfg, ln.Addr(), stderr)
 		if err != nil {
@@ -161,6 +171,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
 	defer prov.Close()
+	// Before Start: the metrics hooks are set once, before anything calls them.
+	if *metricsListen != "" {
+		stopMetrics, err := serveMetrics(*metricsListen, ln.Addr(), db, srv, prov, stdout, log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
 	if err := prov.Start(ctx); err != nil {
 		return fmt.Errorf("start interns: %w", err)
 	}
@@ -170,14 +188,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopFederation()
-	if *metricsListen != "" {
-		stopMetrics, err := serveMetrics(*metricsListen, ln.Addr(), db, srv, prov, stdout, log)
-		if err != nil {
-			return err
-		}
-		defer stopMetrics()
-	}
-	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(srv.Handler()), log)
+	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(withPodRelay(srv.Handler(), podModels)), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 
@@ -255,7 +266,7 @@ func serveMetrics(addr string, api net.Addr, db *bun.DB, srv *server.Server, pro
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
 	m := metrics.New(db)
-	srv.Metrics, srv.Chat.Observer, srv.Federation.OnExchange, srv.Vault.Observe, prov.OnWake = m, m, m.Exchange, m.Vault, m.Wake
+	srv.Metrics, srv.Chat.Observer, srv.Federation.OnExchange, srv.Vault.Observe, prov.OnWake, prov.OnKubeCall = m, m, m.Exchange, m.Vault, m.Wake, m.KubeCall
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}

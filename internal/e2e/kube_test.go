@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +18,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/cohort-dev/cohort/internal/agent/agenttest"
 	"github.com/cohort-dev/cohort/internal/kubetest"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
 
@@ -33,7 +37,13 @@ type kubeFleet struct {
 	args []string
 }
 
-func newKubeFleet(t *testing.T, extra ...string) *kubeFleet {
+func newKubeFleet(t testing.TB, extra ...string) *kubeFleet {
+	t.Helper()
+	return newKubeFleetEnv(t, nil, extra...)
+}
+
+// newKubeFleetEnv is newKubeFleet with environment for both gateways.
+func newKubeFleetEnv(t testing.TB, env []string, extra ...string) *kubeFleet {
 	t.Helper()
 	kc := kubetest.Start(t)
 	kc.Namespace(t, kubeNS)
@@ -51,12 +61,15 @@ func newKubeFleet(t *testing.T, extra ...string) *kubeFleet {
 	f := &kubeFleet{kc: kc, node: node}
 	f.args = append([]string{"--provisioner", "kubernetes", "--kube-config", kc.Kubeconfig, "--kube-image", "ghcr.io/cohort-dev/cohort:test",
 		"--kube-gateway-url", "http://" + addr}, extra...)
-	f.c, f.a = newCluster(t, storetest.PostgresURL(t), append([]string{"--listen", addr}, f.args...)...)
-	f.b = f.c.Gateway(t, append([]string{"--no-bootstrap"}, f.args...)...)
+	f.c = &cluster{dataDir: t.TempDir()}
+	f.c.dbArgs = []string{"--data-dir", f.c.dataDir, "--database-url", storetest.PostgresURL(t)}
+	f.a = f.c.GatewayEnv(t, env, append([]string{"--listen", addr}, f.args...)...)
+	f.c.load(t)
+	f.b = f.c.GatewayEnv(t, env, append([]string{"--no-bootstrap"}, f.args...)...)
 	return f
 }
 
-func (f *kubeFleet) pod(t *testing.T, id string) (*corev1.Pod, bool) {
+func (f *kubeFleet) pod(t testing.TB, id string) (*corev1.Pod, bool) {
 	t.Helper()
 	p, err := f.kc.Client.CoreV1().Pods(kubeNS).Get(context.Background(), "intern-"+id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -68,7 +81,7 @@ func (f *kubeFleet) pod(t *testing.T, id string) (*corev1.Pod, bool) {
 	return p, true
 }
 
-func (f *kubeFleet) exists(t *testing.T, what, name string) bool {
+func (f *kubeFleet) exists(t testing.TB, what, name string) bool {
 	t.Helper()
 	ctx := context.Background()
 	var err error
@@ -97,13 +110,13 @@ func (f *kubeFleet) podsStarted(id string) int {
 	return n
 }
 
-func (f *kubeFleet) state(t *testing.T, id string) string {
+func (f *kubeFleet) state(t testing.TB, id string) string {
 	t.Helper()
 	return f.c.Admin(t, "intern", "get", "--org", f.c.Org, "--id", id)["state"].(string)
 }
 
 // turn streams one turn through gw and checks it answered.
-func turnOK(t *testing.T, gw *proc, key, id, prompt string) *stream {
+func turnOK(t testing.TB, gw *proc, key, id, prompt string) *stream {
 	t.Helper()
 	s := readAll(t, chat(t, gw, key, id, user(prompt)))
 	if s.Finish != "stop" || s.Text == "" {
@@ -297,5 +310,81 @@ func TestKubernetesReplicaDiesMidWake(t *testing.T) {
 	t.Logf("woken by the other replica %v after the death", time.Since(began).Round(time.Millisecond))
 	if n := f.podsStarted(id); n != 2 {
 		t.Fatalf("pods started after the takeover: %d, want 2 in all", n)
+	}
+}
+
+// A Pod's agent reaches its model through the gateway's relay with a
+// placeholder key: the real key is added on the way out and never enters
+// the Pod, and the relay answers only an awake intern's own token.
+func TestKubernetesModelRelay(t *testing.T) {
+	up := agenttest.NewUpstream(t, agenttest.Answer(upModel, 4, 2, "from the upstream"))
+	f := newKubeFleetEnv(t, upstreamEnv(up))
+	id, c := f.c.Demo, f.c
+	turnOK(t, f.a, c.WK, id, "hello demo")
+	// A new model replaces the Pod.
+	connectCall(t, f.a, c.MK, "UpdateIntern", `{"id":"`+id+`","model":"`+upModel+`"}`)
+	eventually(t, "the intern answers from the upstream model", func() bool {
+		res := chat(t, f.b, c.WK, id, user("hello upstream"))
+		if res.StatusCode != 200 {
+			io.Copy(io.Discard, res.Body)
+			return false
+		}
+		s := readAll(t, res)
+		return s.Text == "from the upstream" && s.Finish == "stop"
+	})
+	if auths := up.Authorizations(); len(auths) != 1 || auths[0] != "Bearer e2e-upstream-key" {
+		t.Fatalf("the upstream saw %v", auths)
+	}
+	var token string
+	for _, st := range f.node.Started() {
+		for _, kv := range st.Env {
+			if strings.Contains(kv, "e2e-upstream-key") {
+				t.Fatalf("the model key entered a pod: %s", kv)
+			}
+		}
+		if st.Pod == "intern-"+id {
+			token = st.Getenv("COHORT_MODEL_RELAY_TOKEN")
+		}
+	}
+	pod, _ := f.pod(t, id)
+	raw, _ := json.Marshal(pod)
+	if len(token) < 32 || strings.Contains(string(raw), token) {
+		t.Fatalf("the relay token must come from the Secret, not the spec (%d chars)", len(token))
+	}
+
+	// The relay answers this intern's token for this intern, and nothing else.
+	post := func(path string) int {
+		req, _ := http.NewRequest("POST", f.b.URL+path, strings.NewReader(`{"model":"`+upModel+`","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+provision.KeyPlaceholder)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	other := c.NewIntern(t, "other")
+	wrong := token[:len(token)-1] + "A"
+	if wrong == token {
+		wrong = token[:len(token)-1] + "B"
+	}
+	for _, path := range []string{
+		"/intern-relay/" + id + "/" + wrong + "/v1/chat/completions",
+		"/intern-relay/" + id + "/v1/chat/completions",
+		"/intern-relay/" + other + "/" + token + "/v1/chat/completions",
+		"/intern-relay/" + id + "x/" + token + "/v1/chat/completions",
+	} {
+		if code := post(path); code != 404 {
+			t.Errorf("%s: %d, want 404", strings.Replace(path, token, "TOKEN", 1), code)
+		}
+	}
+	up.Push(agenttest.Answer(upModel, 1, 1, "relayed"))
+	if code := post("/intern-relay/" + id + "/" + token + "/v1/chat/completions"); code != 200 {
+		t.Fatalf("the intern's own relay: %d", code)
+	}
+	if auths := up.Authorizations(); len(auths) != 2 || auths[1] != "Bearer e2e-upstream-key" {
+		t.Fatalf("the upstream saw %v", auths)
 	}
 }

@@ -231,6 +231,23 @@ func (r *Relay) tracesProxy(t *url.URL) http.Handler {
 	})
 }
 
+// Model is the model relay of one endpoint over HTTP (intern Pods reach it
+// on the gateway's listener): baseURL with key's value in place of the
+// placeholder, or, for "", the operator's endpoint and key.
+func (r *Relay) Model(baseURL string, key func(context.Context) (string, error)) (http.Handler, error) {
+	if baseURL == "" {
+		return r.modelH, nil
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("egress: bad model endpoint")
+	}
+	return r.modelProxy(u, key), nil
+}
+
+// ModelPath is the operator's model endpoint's path: relayed URLs keep it.
+func (r *Relay) ModelPath() string { return strings.TrimRight(r.model.EscapedPath(), "/") }
+
 // InJailModelURL is the base URL agents use inside the jail: the relay's
 // in-jail address with the real endpoint's path, so paths pass unchanged.
 func (r *Relay) InJailModelURL(addr string) string {

@@ -32,6 +32,7 @@ type Metrics struct {
 	vault     *prometheus.CounterVec
 
 	wakes    *prometheus.CounterVec
+	kube     *prometheus.CounterVec
 	wakeTime prometheus.Histogram
 }
 
@@ -57,9 +58,11 @@ func New(db *bun.DB) *Metrics {
 		Help: "Vault writes (stored) and release decisions (released, refused)."}, []string{"operation", "outcome"})
 	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_intern_wakes_total",
 		Help: "Wakes of sleeping interns by result."}, []string{"result"})
+	m.kube = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_kube_api_requests_total",
+		Help: "Requests to the Kubernetes API (--provisioner kubernetes) by verb, resource and status class."}, []string{"verb", "resource", "code"})
 	m.wakeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cohort_intern_wake_seconds",
 		Help: "How long a wake took.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
-	m.reg.MustRegister(m.requests, m.duration, m.firstEvent, m.open, m.refusals, m.runs, m.exchanges, m.vault, m.wakes, m.wakeTime,
+	m.reg.MustRegister(m.requests, m.duration, m.firstEvent, m.open, m.refusals, m.runs, m.exchanges, m.vault, m.wakes, m.wakeTime, m.kube,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		m.reg.MustRegister(internStates{db: db, desc: prometheus.NewDesc("cohort_interns",
@@ -115,6 +118,25 @@ func (m *Metrics) Wake(took time.Duration, ok bool) {
 	}
 	m.wakes.WithLabelValues(result).Inc()
 	m.wakeTime.Observe(took.Seconds())
+}
+
+// KubeCall counts a request to the Kubernetes API (provision.Provisioner.OnKubeCall).
+func (m *Metrics) KubeCall(verb, resource string, code int) {
+	class := "error"
+	if code >= 100 && code < 600 {
+		class = strconv.Itoa(code/100) + "xx"
+	}
+	switch resource {
+	case "pods", "secrets", "persistentvolumeclaims", "leases":
+	default:
+		resource = "other"
+	}
+	switch verb {
+	case "GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "DELETE":
+	default:
+		verb = "other"
+	}
+	m.kube.WithLabelValues(verb, resource, class).Inc()
 }
 
 func orNone(s string) string {

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,6 +93,15 @@ type KubeConfig struct {
 	// LeaseDuration is how long a replica that stopped renewing keeps an
 	// intern (default 15 s).
 	LeaseDuration time.Duration
+	// RelayURL is where Pods reach the gateway's model relay (the
+	// gateway's root and RelayPath); ModelPath the operator's model
+	// endpoint's path; ModelKeyPlaceholder the key agents hold when the
+	// gateway has one; AgentEnv the built-in agent's other settings.
+	RelayURL, ModelPath, ModelKeyPlaceholder string
+	AgentEnv                                 []string
+	// AgentModules is the known third-party agents' node_modules in the
+	// image ("": they do not run in Pods).
+	AgentModules string
 }
 
 // Object names of an intern (its id is a UUID: a valid DNS label).
@@ -138,7 +149,7 @@ func (k *kubeFleet) init(p *Provisioner) error {
 	}
 	k.acting = map[string]*action{}
 	k.used = map[string]time.Time{}
-	api, err := newKubeAPI(c.REST, c.Namespace)
+	api, err := newKubeAPI(c.REST, c.Namespace, p.OnKubeCall)
 	if err != nil {
 		return err
 	}
@@ -329,12 +340,12 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if pod != nil && in.State == store.InternRunning && podReady(pod) && daemonURL(pod) == in.DaemonURL &&
-		pod.Annotations[annSecret] == secretDigest(in.DaemonSecret) {
+	current := pod != nil && pod.Annotations[annSecret] == secretDigest(in.DaemonSecret) &&
+		pod.Annotations[annModel] == in.Model && pod.Annotations[annAgent] == in.Agent
+	if current && in.State == store.InternRunning && podReady(pod) && daemonURL(pod) == in.DaemonURL {
 		return nil // the cache lagged
 	}
-	if pod != nil && (pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded ||
-		pod.Annotations[annSecret] != secretDigest(in.DaemonSecret) || pod.Annotations[annModel] != in.Model || pod.Annotations[annAgent] != in.Agent) {
+	if pod != nil && (!current || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded) {
 		// Stale (another secret, model or agent) or finished: a new one.
 		if err := p.deleteObjects(ctx, id, false); err != nil {
 			return err
@@ -353,12 +364,9 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	}
 	var secret string
 	if pod == nil {
-		run, err := p.agentFor(in.Agent, false)
+		run, err := p.podAgent(in.Agent)
 		if err != nil {
 			return err
-		}
-		if run.upstream != "" {
-			return fmt.Errorf("agent %q: third-party agents run only with the local provisioner (docs/kubernetes.md)", in.Agent)
 		}
 		// The secret is in the row before the Pod exists: whichever
 		// replica acts next can give the Pod its Secret.
@@ -505,7 +513,7 @@ func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.P
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &yes}}},
 		Type:      corev1.SecretTypeOpaque,
 		Immutable: &yes,
-		Data:      map[string][]byte{"secret": []byte(secret)},
+		Data:      map[string][]byte{"secret": []byte(secret), "relay-token": []byte(relayToken(secret, id))},
 	}
 	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 	return err
@@ -559,6 +567,58 @@ func internLabels(id string) map[string]string {
 	return map[string]string{LabelName: "cohort", LabelComponent: "intern", LabelIntern: id}
 }
 
+// podAgent is how a Pod runs the intern's agent: as in a jail (the key
+// placeholder, the relay for the endpoint), with the image's modules.
+func (p *Provisioner) podAgent(name string) (agentRun, error) {
+	run, err := p.agentFor(name, true)
+	if err != nil || run.upstream == "" {
+		return run, err
+	}
+	if p.kube.cfg.AgentModules == "" {
+		return agentRun{}, fmt.Errorf("agent %q: the known third-party agents run in Pods only with --kube-agent-modules, their node_modules in the image (docs/kubernetes.md)", name)
+	}
+	for i := range run.flags {
+		if run.flags[i] == "--agent-modules" && i+1 < len(run.flags) {
+			run.flags[i+1] = p.kube.cfg.AgentModules
+		}
+	}
+	return run, nil
+}
+
+// podEnv is the container's environment: the daemon secret and the relay
+// token from the Secret (never values in the spec), and the agent's model
+// endpoint, the gateway's relay.
+func (p *Provisioner) podEnv(in *store.Intern, run agentRun) []corev1.EnvVar {
+	k := p.kube
+	fromSecret := func(key string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: secretName(in.ID)}, Key: key}}
+	}
+	// $(…) is expanded by the kubelet from the variables before it.
+	relay := k.cfg.RelayURL + in.ID + "/$(COHORT_MODEL_RELAY_TOKEN)"
+	env := []corev1.EnvVar{
+		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		{Name: "COHORT_INTERN_SECRET", ValueFrom: fromSecret("secret")},
+		{Name: "COHORT_MODEL_RELAY_TOKEN", ValueFrom: fromSecret("relay-token")},
+		{Name: "HOME", Value: "/tmp"},
+		{Name: "COHORT_AGENT_BASE_URL", Value: relay + k.cfg.ModelPath},
+	}
+	if run.upstream != "" {
+		if u, err := url.Parse(run.upstream); err == nil {
+			env = append(env, corev1.EnvVar{Name: "COHORT_AGENT_PROVIDER_URL", Value: relay + strings.TrimRight(u.EscapedPath(), "/")})
+		}
+	}
+	if k.cfg.ModelKeyPlaceholder != "" {
+		env = append(env, corev1.EnvVar{Name: "COHORT_AGENT_API_KEY", Value: k.cfg.ModelKeyPlaceholder})
+	}
+	for _, kv := range k.cfg.AgentEnv {
+		if name, v, ok := strings.Cut(kv, "="); ok {
+			env = append(env, corev1.EnvVar{Name: name, Value: v})
+		}
+	}
+	return env
+}
+
 // podFor is the intern's Pod: its daemon and agent, non-root on a
 // read-only root filesystem, with no service-account token; the daemon
 // secret comes from the Secret, never from the spec.
@@ -586,13 +646,8 @@ func (p *Provisioner) podFor(in *store.Intern, run agentRun) *corev1.Pod {
 				Image:   k.cfg.Image,
 				Command: []string{"/cohort"},
 				Args:    args,
-				Env: []corev1.EnvVar{
-					{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
-					{Name: "COHORT_INTERN_SECRET", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-						LocalObjectReference: corev1.LocalObjectReference{Name: secretName(in.ID)}, Key: "secret"}}},
-					{Name: "HOME", Value: "/tmp"},
-				},
-				Ports: []corev1.ContainerPort{{Name: "daemon", ContainerPort: DaemonPort}},
+				Env:     p.podEnv(in, run),
+				Ports:   []corev1.ContainerPort{{Name: "daemon", ContainerPort: DaemonPort}},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstrPort(DaemonPort)}},
 					PeriodSeconds: 1},
 				Resources: corev1.ResourceRequirements{Requests: k.cfg.Requests, Limits: k.cfg.Limits},

@@ -2,6 +2,8 @@ package provision
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -27,7 +29,9 @@ type kubeAPI struct {
 	params      runtime.ParameterCodec
 }
 
-func newKubeAPI(cfg *rest.Config, ns string) (*kubeAPI, error) {
+// newKubeAPI reaches ns through cfg; observe, when set, is told of every
+// request (internal/metrics counts them).
+func newKubeAPI(cfg *rest.Config, ns string, observe func(verb, resource string, code int)) (*kubeAPI, error) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -38,6 +42,9 @@ func newKubeAPI(cfg *rest.Config, ns string) (*kubeAPI, error) {
 	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
 	mk := func(apiPath string, gv schema.GroupVersion) (rest.Interface, error) {
 		c := rest.CopyConfig(cfg)
+		if observe != nil {
+			c.Wrap(func(rt http.RoundTripper) http.RoundTripper { return observed{rt, observe} })
+		}
 		c.APIPath, c.GroupVersion = apiPath, &gv
 		c.NegotiatedSerializer, c.ContentType = codecs, runtime.ContentTypeJSON
 		return rest.RESTClientFor(c)
@@ -117,4 +124,37 @@ func (o objects[T, P]) informer(selector string, exemplar P) cache.SharedIndexIn
 		},
 	}
 	return cache.NewSharedIndexInformer(lw, exemplar, 10*time.Minute, cache.Indexers{})
+}
+
+// observed tells of each request to the API: its verb (LIST and WATCH
+// apart from GET) and resource, and the status (0: no answer).
+type observed struct {
+	rt      http.RoundTripper
+	observe func(verb, resource string, code int)
+}
+
+func (o observed) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := o.rt.RoundTrip(r)
+	// …/namespaces/<ns>/<resource>[/<name>[/<subresource>]]
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	resource, named := "", false
+	for i, p := range parts {
+		if p == "namespaces" && i+2 < len(parts) {
+			resource, named = parts[i+2], i+3 < len(parts)
+			break
+		}
+	}
+	verb := r.Method
+	switch {
+	case verb == http.MethodGet && r.URL.Query().Get("watch") == "true":
+		verb = "WATCH"
+	case verb == http.MethodGet && !named:
+		verb = "LIST"
+	}
+	code := 0
+	if err == nil {
+		code = res.StatusCode
+	}
+	o.observe(verb, resource, code)
+	return res, err
 }

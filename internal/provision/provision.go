@@ -115,6 +115,9 @@ type Provisioner struct {
 	OnWake func(took time.Duration, ok bool)
 	// Kube configures the Kubernetes mode (Mode == Kubernetes).
 	Kube *KubeConfig
+	// OnKubeCall, when set before Start, is told of every request to the
+	// Kubernetes API (internal/metrics).
+	OnKubeCall func(verb, resource string, code int)
 
 	fleet    fleet
 	kube     *kubeFleet
