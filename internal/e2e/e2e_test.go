@@ -26,7 +26,7 @@ func upstreamEnv(up *agenttest.Upstream) []string {
 
 // eventually retries f until it reports true; each try is a real request,
 // so it is a poll of observable state, not a sleep standing in for one.
-func eventually(t *testing.T, what string, f func() bool) {
+func eventually(t testing.TB, what string, f func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(wait)
 	for !f() {

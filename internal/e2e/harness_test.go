@@ -82,13 +82,13 @@ type proc struct {
 var addrRE = regexp.MustCompile(`listening on (http://\S+)`)
 
 // start runs cohort with args and env and waits for its address line.
-func start(t *testing.T, name string, env []string, args ...string) *proc {
+func start(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
 	return startIn(t, "", name, env, args...)
 }
 
 // startIn is start in the working directory dir ("" for this one).
-func startIn(t *testing.T, dir, name string, env []string, args ...string) *proc {
+func startIn(t testing.TB, dir, name string, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(cohortBin, args...)
 	cmd.Dir = dir
@@ -128,7 +128,7 @@ func startIn(t *testing.T, dir, name string, env []string, args ...string) *proc
 }
 
 // Stop ends the process gracefully (SIGTERM), then by force.
-func (p *proc) Stop(t *testing.T) {
+func (p *proc) Stop(t testing.TB) {
 	select {
 	case <-p.done:
 		return
@@ -196,7 +196,7 @@ type cluster struct {
 
 // newCluster prepares a data directory (KEK, SQLite or dbURL) and starts the
 // first gateway with extra serve flags; it bootstraps the organization.
-func newCluster(t *testing.T, dbURL string, serveArgs ...string) (*cluster, *proc) {
+func newCluster(t testing.TB, dbURL string, serveArgs ...string) (*cluster, *proc) {
 	t.Helper()
 	c := &cluster{dataDir: t.TempDir()}
 	c.dbArgs = []string{"--data-dir", c.dataDir}
@@ -209,7 +209,7 @@ func newCluster(t *testing.T, dbURL string, serveArgs ...string) (*cluster, *pro
 }
 
 // load reads the bootstrap file the first gateway wrote.
-func (c *cluster) load(t *testing.T) {
+func (c *cluster) load(t testing.TB) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(c.dataDir, "bootstrap.json"))
 	if err != nil {
@@ -224,13 +224,13 @@ func (c *cluster) load(t *testing.T) {
 
 // Gateway starts one `cohort serve` on the cluster's database with the
 // remote provisioner unless serveArgs say otherwise.
-func (c *cluster) Gateway(t *testing.T, serveArgs ...string) *proc {
+func (c *cluster) Gateway(t testing.TB, serveArgs ...string) *proc {
 	t.Helper()
 	return c.GatewayEnv(t, nil, serveArgs...)
 }
 
 // GatewayEnv is Gateway with extra environment for the gateway process.
-func (c *cluster) GatewayEnv(t *testing.T, env []string, serveArgs ...string) *proc {
+func (c *cluster) GatewayEnv(t testing.TB, env []string, serveArgs ...string) *proc {
 	t.Helper()
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, c.dbArgs...)
 	if !hasFlag(serveArgs, "--provisioner") {
@@ -249,7 +249,7 @@ func hasFlag(args []string, f string) bool {
 }
 
 // Admin runs `cohort admin …` on the cluster's database and decodes --json.
-func (c *cluster) Admin(t *testing.T, args ...string) map[string]any {
+func (c *cluster) Admin(t testing.TB, args ...string) map[string]any {
 	t.Helper()
 	out, err := c.admin(append(args, "--json")...)
 	if err != nil {
@@ -278,7 +278,7 @@ func (c *cluster) admin(args ...string) ([]byte, error) {
 
 // NewIntern creates an intern record (state provisioning until a daemon is
 // registered for it).
-func (c *cluster) NewIntern(t *testing.T, name string) string {
+func (c *cluster) NewIntern(t testing.TB, name string) string {
 	t.Helper()
 	return c.Admin(t, "intern", "create", "--org", c.Org, "--workspace", c.WS, "--name", name)["id"].(string)
 }
@@ -292,7 +292,7 @@ type daemon struct {
 
 // Daemon starts `cohort intern` for id with extra flags and agent
 // environment, and registers it with `cohort admin intern register`.
-func (c *cluster) Daemon(t *testing.T, id string, env []string, flags ...string) *daemon {
+func (c *cluster) Daemon(t testing.TB, id string, env []string, flags ...string) *daemon {
 	t.Helper()
 	d := &daemon{id: id, dataDir: t.TempDir(), env: env, flags: flags}
 	d.secretFile = filepath.Join(t.TempDir(), "secret")
@@ -304,21 +304,21 @@ func (c *cluster) Daemon(t *testing.T, id string, env []string, flags ...string)
 	return d
 }
 
-func (d *daemon) run(t *testing.T, listen string) *proc {
+func (d *daemon) run(t testing.TB, listen string) *proc {
 	args := append([]string{"intern", "--listen", listen, "--data-dir", d.dataDir, "--intern-id", d.id,
 		"--secret-file", d.secretFile, "--log-level", "warn"}, d.flags...)
 	return start(t, "daemon "+d.id, d.env, args...)
 }
 
 // Restart starts the daemon again on the same address and data directory.
-func (d *daemon) Restart(t *testing.T) {
+func (d *daemon) Restart(t testing.TB) {
 	t.Helper()
 	d.proc.Stop(t)
 	d.proc = d.run(t, strings.TrimPrefix(d.URL, "http://"))
 }
 
 // Register records d's address and secret for its intern.
-func (c *cluster) Register(t *testing.T, d *daemon) {
+func (c *cluster) Register(t testing.TB, d *daemon) {
 	t.Helper()
 	in := c.Admin(t, "intern", "register", "--id", d.id, "--url", d.URL, "--secret-file", d.secretFile)
 	if in["state"] != "running" {
@@ -327,14 +327,14 @@ func (c *cluster) Register(t *testing.T, d *daemon) {
 }
 
 // chat posts a chat request to a gateway.
-func chat(t *testing.T, gw *proc, key, intern, body string) *http.Response {
+func chat(t testing.TB, gw *proc, key, intern, body string) *http.Response {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*wait)
 	t.Cleanup(cancel)
 	return chatCtx(t, ctx, gw, key, intern, body)
 }
 
-func chatCtx(t *testing.T, ctx context.Context, gw *proc, key, intern, body string) *http.Response {
+func chatCtx(t testing.TB, ctx context.Context, gw *proc, key, intern, body string) *http.Response {
 	t.Helper()
 	return chatVia(t, ctx, http.DefaultClient, gw, key, intern, body)
 }
@@ -343,7 +343,7 @@ func chatCtx(t *testing.T, ctx context.Context, gw *proc, key, intern, body stri
 // that leaves once it has read the stream.
 var hangUp = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
-func chatVia(t *testing.T, ctx context.Context, client *http.Client, gw *proc, key, intern, body string) *http.Response {
+func chatVia(t testing.TB, ctx context.Context, client *http.Client, gw *proc, key, intern, body string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL+"/api/v1/interns/"+intern+"/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
@@ -357,7 +357,7 @@ func chatVia(t *testing.T, ctx context.Context, client *http.Client, gw *proc, k
 }
 
 // refusal asserts a JSON refusal with status and reason.
-func refusal(t *testing.T, res *http.Response, status int, reason string) {
+func refusal(t testing.TB, res *http.Response, status int, reason string) {
 	t.Helper()
 	raw, _ := io.ReadAll(res.Body)
 	if res.StatusCode != status || res.Header.Get("Content-Type") != "application/json" {

@@ -16,7 +16,7 @@ import (
 // `data:` line and a blank line (or the `: keepalive` comment), chunks obey
 // the spec's shape and order, and nothing follows `data: [DONE]`.
 type stream struct {
-	t  *testing.T
+	t  testing.TB
 	br *bufio.Reader
 
 	Chunks    []map[string]any
@@ -33,7 +33,7 @@ type stream struct {
 }
 
 // open checks the response is a stream and returns its reader.
-func open(t *testing.T, res *http.Response) *stream {
+func open(t testing.TB, res *http.Response) *stream {
 	t.Helper()
 	if res.StatusCode != 200 {
 		raw, _ := io.ReadAll(res.Body)
@@ -46,7 +46,7 @@ func open(t *testing.T, res *http.Response) *stream {
 }
 
 // readAll reads the stream to its end, checking its shape.
-func readAll(t *testing.T, res *http.Response) *stream {
+func readAll(t testing.TB, res *http.Response) *stream {
 	t.Helper()
 	s := open(t, res)
 	for {

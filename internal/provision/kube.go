@@ -124,6 +124,10 @@ type kubeFleet struct {
 	mu     sync.Mutex
 	acting map[string]*action
 	used   map[string]time.Time // this replica's last call to each intern
+	// held is when another replica was last found holding an intern's
+	// Lease: the reconciler leaves that intern alone for a while (every
+	// Pod event nudges it, and each try costs requests).
+	held map[string]time.Time
 }
 
 // action is one replica's work on one intern; concurrent callers share it.
@@ -149,6 +153,7 @@ func (k *kubeFleet) init(p *Provisioner) error {
 	}
 	k.acting = map[string]*action{}
 	k.used = map[string]time.Time{}
+	k.held = map[string]time.Time{}
 	api, err := newKubeAPI(c.REST, c.Namespace, p.OnKubeCall)
 	if err != nil {
 		return err
@@ -205,6 +210,11 @@ func (p *Provisioner) act(id string, f func(ctx context.Context, id string) erro
 		a.err = f(ctx, id)
 		k.mu.Lock()
 		delete(k.acting, id)
+		if errors.Is(a.err, errHeld) {
+			k.held[id] = time.Now()
+		} else {
+			delete(k.held, id)
+		}
 		k.mu.Unlock()
 		close(a.done)
 		if a.err != nil && !errors.Is(a.err, errHeld) && ctx.Err() == nil {
@@ -212,6 +222,23 @@ func (p *Provisioner) act(id string, f func(ctx context.Context, id string) erro
 		}
 	}()
 	return a
+}
+
+// heldBackoff is how long the reconciler leaves an intern whose Lease
+// another replica holds; a holder that died is taken over within it of
+// its Lease's expiry.
+const heldBackoff = 2 * time.Second
+
+// actSoon is act, unless another replica was found acting on the intern
+// within heldBackoff.
+func (p *Provisioner) actSoon(id string, f func(ctx context.Context, id string) error) {
+	k := p.kube
+	k.mu.Lock()
+	recent := time.Since(k.held[id]) < heldBackoff
+	k.mu.Unlock()
+	if !recent {
+		p.act(id, f)
+	}
 }
 
 // reconcileKube makes the Pods match the database: one ready Pod for each
@@ -248,7 +275,7 @@ func (p *Provisioner) reconcileKube(ctx context.Context) error {
 		if in.State == store.InternProvisioning || pod == nil || pod.DeletionTimestamp != nil || !podReady(pod) || daemonURL(pod) != in.DaemonURL ||
 			pod.Annotations[annModel] != in.Model || pod.Annotations[annAgent] != in.Agent {
 			// The cache may lag: ensure reads the Pod itself first.
-			p.act(in.ID, p.ensurePod)
+			p.actSoon(in.ID, p.ensurePod)
 		}
 	}
 	// Objects of interns that should not be awake: whose rows say so (or
@@ -279,9 +306,9 @@ func (p *Provisioner) reconcileKube(ctx context.Context) error {
 		st, ok := state[id]
 		switch {
 		case !ok || st == store.InternDeleted:
-			p.act(id, p.removeIntern)
-		case podOf[id] != nil:
-			p.act(id, p.removePod)
+			p.actSoon(id, p.removeIntern)
+		case podOf[id] != nil && podOf[id].DeletionTimestamp == nil:
+			p.actSoon(id, p.removePod)
 		}
 	}
 	return nil
@@ -363,7 +390,8 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 		}
 	}
 	var secret string
-	if pod == nil {
+	fresh := pod == nil
+	if fresh {
 		run, err := p.podAgent(in.Agent)
 		if err != nil {
 			return err
@@ -396,7 +424,7 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	} else if secret, err = p.unwrap(in); err != nil {
 		return err
 	}
-	if err := p.ensureSecret(ctx, id, pod, secret); err != nil {
+	if err := p.ensureSecret(ctx, id, pod, secret, fresh); err != nil {
 		return err
 	}
 	url, err := p.waitPodReady(ctx, id)
@@ -471,6 +499,9 @@ func (p *Provisioner) deleteObjects(ctx context.Context, id string, claim bool) 
 
 func (p *Provisioner) ensureClaim(ctx context.Context, id string) error {
 	k := p.kube
+	if _, err := k.claims.PersistentVolumeClaims(k.cfg.Namespace).Get(claimName(id)); err == nil {
+		return nil // claims are deleted only with their intern
+	}
 	c := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: claimName(id), Labels: internLabels(id)},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -490,9 +521,24 @@ func (p *Provisioner) ensureClaim(ctx context.Context, id string) error {
 
 // ensureSecret gives the Pod its daemon secret, owned by the Pod so it
 // goes with it.
-func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.Pod, secret string) error {
+func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.Pod, secret string, fresh bool) error {
 	k := p.kube
 	secrets := k.api.secrets()
+	yes := true
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName(id), Labels: internLabels(id),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &yes}}},
+		Type:      corev1.SecretTypeOpaque,
+		Immutable: &yes,
+		Data:      map[string][]byte{"secret": []byte(secret), "relay-token": []byte(relayToken(secret, id))},
+	}
+	if fresh {
+		// A Pod just made: its Secret is new too, unless an old one was left.
+		_, err := secrets.Create(ctx, s, metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
 	cur, err := secrets.Get(ctx, secretName(id), metav1.GetOptions{})
 	if err == nil {
 		for _, o := range cur.OwnerReferences {
@@ -507,27 +553,28 @@ func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.P
 	} else if !apierrors.IsNotFound(err) {
 		return err
 	}
-	yes := true
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: secretName(id), Labels: internLabels(id),
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &yes}}},
-		Type:      corev1.SecretTypeOpaque,
-		Immutable: &yes,
-		Data:      map[string][]byte{"secret": []byte(secret), "relay-token": []byte(relayToken(secret, id))},
-	}
 	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 	return err
 }
 
-// waitPodReady polls the intern's Pod until it is ready, and returns its
-// daemon's URL.
+// waitPodReady waits for the intern's Pod to be ready, and returns its
+// daemon's URL. It reads the informer's cache, which the watch keeps
+// current, and asks the API itself once a second in case the watch is
+// down: a wake costs a few requests, not one per look.
 func (p *Provisioner) waitPodReady(ctx context.Context, id string) (string, error) {
 	k := p.kube
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.WakeTimeout)
 	defer cancel()
-	pods := k.api.pods()
+	asked := time.Now()
 	for {
-		pod, err := pods.Get(ctx, podName(id), metav1.GetOptions{})
+		pod, err := k.pods.Pods(k.cfg.Namespace).Get(podName(id))
+		if time.Since(asked) >= time.Second && (err != nil || !podReady(pod)) {
+			asked = time.Now()
+			pod, err = k.api.pods().Get(ctx, podName(id), metav1.GetOptions{})
+			if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
+				return "", err
+			}
+		}
 		switch {
 		case err == nil && pod.DeletionTimestamp != nil:
 			return "", errors.New("the intern's pod is being deleted")
@@ -535,13 +582,11 @@ func (p *Provisioner) waitPodReady(ctx context.Context, id string) (string, erro
 			return "", fmt.Errorf("the intern's pod failed: %s", pod.Status.Message)
 		case err == nil && podReady(pod):
 			return daemonURL(pod), nil
-		case err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err):
-			return "", err
 		}
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("the intern's pod was not ready within %s", k.cfg.WakeTimeout)
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
