@@ -19,7 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/kubetest"
+	"github.com/cohort-dev/cohort/internal/modelserver"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
@@ -386,5 +388,39 @@ func TestKubernetesModelRelay(t *testing.T) {
 	}
 	if auths := up.Authorizations(); len(auths) != 2 || auths[1] != "Bearer e2e-upstream-key" {
 		t.Fatalf("the upstream saw %v", auths)
+	}
+}
+
+// A known third-party agent in a Pod: its image holds the agents
+// (--kube-agent-modules), it calls its model endpoint through the
+// gateway's relay with a placeholder, and the endpoint gets the intern's
+// vault secret, which no Pod ever held.
+func TestKubernetesThirdPartyAgent(t *testing.T) {
+	p, _ := agents.Lookup("codex")
+	modules := requireAgent(t, p)
+	sc := &script{agent: p.Name}
+	model := modelserver.Start(t, sc.reply)
+	port := model.Addr[strings.LastIndex(model.Addr, ":")+1:]
+	f := newKubeFleet(t, "--agent-modules", modules, "--kube-agent-modules", modules,
+		"--agent-endpoint", p.Name+"=http://model.localhost:"+port)
+	ag := &agentGateway{c: f.c, gw: f.a, intern: createAgentIntern(t, f.a, f.c.WK, p.Name)}
+	key := randomCanary("provider-key")
+	ag.putSecret(t, p.KeySecret, "model.localhost", key)
+	s := readAll(t, chat(t, f.b, f.c.WK, ag.intern, user("cohort-say: hello from a pod")))
+	if s.Finish != "stop" || !strings.Contains(s.Text, "echo: hello from a pod") {
+		t.Fatalf("%s in a pod: finish %q text %q error %v", p.Name, s.Finish, s.Text, s.Error)
+	}
+	if keys := sc.sawKeys(); len(keys) == 0 || keys[len(keys)-1] != key {
+		t.Fatalf("the model saw keys %v, want the vault's", keys)
+	}
+	for _, st := range f.node.Started() {
+		if st.Pod == "intern-"+ag.intern && !strings.Contains(strings.Join(st.Argv, " "), "--agent "+p.Name) {
+			t.Fatalf("the pod does not run %s: %v", p.Name, st.Argv)
+		}
+		for _, kv := range st.Env {
+			if strings.Contains(kv, key) {
+				t.Fatalf("the provider key entered a pod: %s", kv)
+			}
+		}
 	}
 }
