@@ -124,9 +124,10 @@ type kubeFleet struct {
 	mu     sync.Mutex
 	acting map[string]*action
 	used   map[string]time.Time // this replica's last call to each intern
-	// held is when another replica was last found holding an intern's
-	// Lease: the reconciler leaves that intern alone for a while (every
-	// Pod event nudges it, and each try costs requests).
+	// held is when an action on an intern last failed or found another
+	// replica holding its Lease: the reconciler leaves that intern alone
+	// for a while (every Pod event nudges it, each try costs requests, and
+	// an API server that is away would fill the log).
 	held map[string]time.Time
 }
 
@@ -210,7 +211,7 @@ func (p *Provisioner) act(id string, f func(ctx context.Context, id string) erro
 		a.err = f(ctx, id)
 		k.mu.Lock()
 		delete(k.acting, id)
-		if errors.Is(a.err, errHeld) {
+		if a.err != nil {
 			k.held[id] = time.Now()
 		} else {
 			delete(k.held, id)
@@ -224,13 +225,13 @@ func (p *Provisioner) act(id string, f func(ctx context.Context, id string) erro
 	return a
 }
 
-// heldBackoff is how long the reconciler leaves an intern whose Lease
-// another replica holds; a holder that died is taken over within it of
-// its Lease's expiry.
+// heldBackoff is how long the reconciler leaves an intern whose action
+// failed or whose Lease another replica holds; a holder that died is taken
+// over within it of its Lease's expiry.
 const heldBackoff = 2 * time.Second
 
-// actSoon is act, unless another replica was found acting on the intern
-// within heldBackoff.
+// actSoon is act, unless an action on the intern failed or found another
+// replica acting within heldBackoff.
 func (p *Provisioner) actSoon(id string, f func(ctx context.Context, id string) error) {
 	k := p.kube
 	k.mu.Lock()
