@@ -40,6 +40,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/cohort-dev/cohort/internal/kubetest"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 const (
@@ -595,10 +596,10 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	// namespace's default ServiceAccount exists; kubetest makes it, as the
 	// controller-manager would, a moment after the namespace.
 	for _, ns := range []string{gatewayNS, internsNS} {
-		waitFor(t, func() bool {
+		testutil.Eventually(t, 30*time.Second, "default ServiceAccount in "+ns, func() bool {
 			_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 			return err == nil
-		}, "default ServiceAccount in "+ns)
+		})
 	}
 
 	t.Run("docs", func(t *testing.T) {
@@ -752,15 +753,4 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	}
 	sort.Strings(names)
 	t.Logf("validated %d objects: %s", len(names), strings.Join(names, "; "))
-}
-
-func waitFor(t *testing.T, ok func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -83,7 +83,7 @@ func TestVaultListsAndAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 100 {
-		if _, err := e.Server.Vault.PutWorkspace(ctx, p, "", &cohortv1.PutWorkspaceSecretRequest{
+		if _, err := e.Server.Vault.PutWorkspace(ctx, p, &cohortv1.PutWorkspaceSecretRequest{
 			Name: fmt.Sprintf("bulk_%03d", i), Hosts: []string{"example.net"}, Value: "v"}); err != nil {
 			t.Fatal(err)
 		}

@@ -4,17 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/cohort-dev/cohort/internal/config"
-	"github.com/cohort-dev/cohort/internal/envelope"
-	"github.com/cohort-dev/cohort/internal/ratelimit"
-	"github.com/cohort-dev/cohort/internal/server"
-	"github.com/cohort-dev/cohort/internal/storetest"
 )
 
 // cli runs `cohort admin …` against the SQLite database in dir and decodes
@@ -101,40 +92,5 @@ func TestAdminFederationCommands(t *testing.T) {
 	mustCLI(t, dir, &del, "federation", "issuer-delete", "--org", o, "--id", iss["id"].(string))
 	if del["deleted_policies"] != float64(1) {
 		t.Fatalf("delete %v", del)
-	}
-}
-
-func TestStartFederationSettings(t *testing.T) {
-	t.Parallel()
-	db := storetest.SQLite(t)
-	kek, err := envelope.LoadOrCreate(filepath.Join(t.TempDir(), "kek.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := server.New(db, kek, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx := context.Background()
-	for name, change := range map[string]func(*config.Config){
-		"bad rate":          func(c *config.Config) { c.ExchangeRate = "fast" },
-		"redis unreachable": func(c *config.Config) { c.RedisURL = "redis://127.0.0.1:1/0" },
-		"missing CA file":   func(c *config.Config) { c.ExtraCAFile = filepath.Join(t.TempDir(), "none.pem") },
-	} {
-		cfg := config.Default()
-		change(&cfg)
-		if _, err := startFederation(ctx, srv, cfg); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
-	cfg := config.Default()
-	cfg.RedisURL, cfg.TokenIssuer, cfg.ExchangeRate = "redis://127.0.0.1:6379/0", "https://api.cohort.example", "5/s,burst=10"
-	stop, err := startFederation(ctx, srv, cfg)
-	if err != nil {
-		t.Fatalf("Redis must run at 127.0.0.1:6379: %v", err)
-	}
-	defer stop()
-	if srv.Federation.Config.TokenIssuer != "https://api.cohort.example" {
-		t.Fatal("token issuer not applied")
-	}
-	if _, ok := srv.Federation.Config.Limiter.(*ratelimit.Redis); !ok {
-		t.Fatalf("limiter %T, want Redis", srv.Federation.Config.Limiter)
 	}
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"flag"
-	"fmt"
-	"path/filepath"
 	"strings"
 
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -28,23 +26,7 @@ func agentFlags(fs *flag.FlagSet, cfg *config.Config) {
 
 // agentCatalog builds the catalog from the configuration; errors name the
 // setting.
-func agentCatalog(cfg config.Config) (agents.Catalog, error) {
-	custom, err := agents.ParseCustom(cfg.Agents)
-	if err != nil {
-		return agents.Catalog{}, fmt.Errorf("--agent (COHORT_AGENTS): %w", err)
-	}
-	endpoints, err := agents.ParseEndpoints(cfg.AgentEndpoints)
-	if err != nil {
-		return agents.Catalog{}, fmt.Errorf("--agent-endpoint (COHORT_AGENT_ENDPOINTS): %w", err)
-	}
-	c := agents.Catalog{Custom: custom, Endpoints: endpoints}
-	if cfg.AgentModules != "" {
-		if c.Modules, err = filepath.Abs(cfg.AgentModules); err != nil {
-			return agents.Catalog{}, err
-		}
-	}
-	return c, nil
-}
+func agentCatalog(cfg config.Config) (agents.Catalog, error) { return cfg.Catalog() }
 
 func splitEntries(s string) []string {
 	var out []string

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/config"
-	"github.com/cohort-dev/cohort/internal/ratelimit"
-	"github.com/cohort-dev/cohort/internal/server"
 )
 
 // chatFlags registers serve's chat settings.
@@ -41,32 +38,4 @@ func chatFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 		}
 		return nil
 	}
-}
-
-// startChat gives chat its turn limiter: in memory, or in Redis so that
-// every replica counts the same turns. The returned function releases it.
-func startChat(ctx context.Context, srv *server.Server, cfg config.Config) (func(), error) {
-	rate, err := ratelimit.ParseRate(cfg.TurnRate)
-	if err != nil {
-		return nil, fmt.Errorf("--turn-rate: %w", err)
-	}
-	if cfg.RedisURL == "" {
-		l, err := ratelimit.NewMemory(rate, nil)
-		if err != nil {
-			return nil, err
-		}
-		srv.Chat.Limiter = l
-		return func() {}, nil
-	}
-	rdb, err := ratelimit.OpenRedis(ctx, cfg.RedisURL)
-	if err != nil {
-		return nil, err
-	}
-	l, err := ratelimit.NewRedis(rdb, "cohort:turn:", rate)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	srv.Chat.Limiter = l
-	return func() { rdb.Close() }, nil
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
-	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
@@ -27,21 +26,11 @@ import (
 // model relay puts the real one in its place on the way out.
 const modelKeyPlaceholder = provision.KeyPlaceholder
 
-// unsafeWarning is logged at start and reported by /readyz.
-const unsafeWarning = "--unsafe-shared-host: interns run unjailed as the gateway's user on its host; anyone holding a workspace key can read the gateway's keys, database and other interns"
-
-// jailInterns makes the local provisioner jail every intern, after checking
-// that this machine can: it fails closed, naming what is missing, unless
-// the operator chose --unsafe-shared-host.
-func jailInterns(prov *provision.Provisioner, srv *server.Server, cfg config.Config, gw net.Addr, stderr io.Writer) (func(), error) {
-	if cfg.UnsafeSharedHost {
-		fmt.Fprintln(stderr, "WARNING: "+unsafeWarning)
-		srv.Log.Warn(unsafeWarning)
-		srv.Warning = unsafeWarning
-		return func() {}, nil
-	}
-	baseURL := env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
-	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+// internJail is the jail of every local intern, after checking its
+// settings (server.New probes that this machine can make it: it fails
+// closed, naming what is missing). Its relays are open until the
+// returned function closes them.
+func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*provision.JailConfig, func(), error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
@@ -50,39 +39,34 @@ func jailInterns(prov *provision.Provisioner, srv *server.Server, cfg config.Con
 	}
 	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
 	if err != nil {
-		return nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
+		return nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
 	}
 	var toolCA []byte
 	if cfg.HTTPToolCAFile != "" {
 		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
-			return nil, fmt.Errorf("--http-tool-ca-file: %w", err)
+			return nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
 	traces, tracesHeaders := "", http.Header(nil)
 	if telemetry.Enabled() {
 		traces, tracesHeaders = telemetry.TracesEndpoint()
 	}
-	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: baseURL, ModelAPIKey: key,
+	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
 		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
-		Log: srv.Log.With("component", "egress")})
+		Log: log.With("component", "egress")})
 	if err != nil {
-		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
+	jc := &provision.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
 		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
-	if key != "" {
+	if cfg.AgentAPIKey != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		relay.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	prov.Jail = jc
-	if err := prov.ProbeJail(); err != nil {
-		relay.Close()
-		return nil, fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
-	}
-	return func() { relay.Close() }, nil
+	return jc, func() { relay.Close() }, nil
 }
 
 // jailAgentEnv is what of the gateway's environment reaches a jailed

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/server"
@@ -101,21 +102,22 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 }
 
 // podRelay is the model relay of intern Pods, served on the gateway's own
-// listener (provision.RelayPath): the operator's model endpoint and key
+// listener (provision.RelayPath, through the provisioner's
+// PodModelRelay): the operator's model endpoint and key
 // (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, as for jails), and
 // each third-party agent's endpoint with its key from the intern's vault.
-func podRelay(prov *provision.Provisioner, kc *provision.KubeConfig, log *slog.Logger) (http.Handler, func(), error) {
-	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
-	relay, err := egress.New(egress.Config{ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), ModelAPIKey: key,
+// It sets what Pods need to know of it in kc.
+func podRelay(kc *provision.KubeConfig, cfg config.Config, log *slog.Logger) (*egress.Relay, error) {
+	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
 		Placeholder: modelKeyPlaceholder, Log: log.With("component", "egress")})
 	if err != nil {
-		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	kc.ModelPath, kc.AgentEnv = relay.ModelPath(), jailAgentEnv(os.Environ())
-	if key != "" {
+	kc.ModelPath, kc.AgentEnv = relay.ModelPath(), cfg.AgentEnv
+	if cfg.AgentAPIKey != "" {
 		kc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
-	return prov.PodModelRelay(relay), func() { relay.Close() }, nil
+	return relay, nil
 }
 
 // withPodRelay serves the Pods' model relay beside the API.

@@ -32,7 +32,8 @@ Usage:
   cohort migrate [flags]       apply database migrations and exit
   cohort intern  [flags]       run one intern's daemon (started by serve's local provisioner, or by you)
   cohort agent   [flags]       the built-in ACP agent on stdin/stdout
-  cohort bench chat [flags]    load figures of the chat path (docs/benchmarks.md)
+
+The load commands of docs/benchmarks.md are a separate command: go run ./cmd/cohort-bench.
 
 Run "cohort <command> -h" for a command's flags.
 `
@@ -51,8 +52,9 @@ func main() {
 
 // profiled runs f under a CPU profile written to
 // $COHORT_CPUPROFILE.<command>.pprof when that variable is set (any command;
-// `cohort bench chat --profile-dir` sets it for its children, and the
-// agents a daemon starts inherit it, hence the command in the name).
+// `cohort-bench chat --profile-dir` sets it for the gateway and daemon it
+// starts, and the agents a daemon starts inherit it, hence the command in
+// the name).
 func profiled(f func() error) error {
 	prefix := os.Getenv("COHORT_CPUPROFILE")
 	if prefix == "" || len(os.Args) < 2 {
@@ -87,7 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "agent":
 		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "bench":
-		return benchCmd(ctx, args[1:], stdout, stderr)
+		return errors.New(strings.TrimSpace("the load commands left the product binary: go run ./cmd/cohort-bench " + strings.Join(args[1:], " ")))
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

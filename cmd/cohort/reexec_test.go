@@ -22,11 +22,10 @@ import (
 
 // TestMain lets the test binary stand in for the cohort executable: `cohort
 // serve`'s local provisioner starts `<this binary> intern …` (and a daemon
-// starts `<this binary> agent`), and `cohort bench chat` starts `serve`,
-// `bench …` and `admin …` children, which must run the command, not the
-// tests.
+// starts `<this binary> agent`), and the tests' `serve` and `admin …`
+// children must run the command, not the tests.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && slices.Contains([]string{"intern", "agent", "serve", "bench", "admin"}, os.Args[1]) {
+	if len(os.Args) > 1 && slices.Contains([]string{"intern", "agent", "serve", "admin"}, os.Args[1]) {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()

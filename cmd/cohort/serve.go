@@ -9,22 +9,21 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/uptrace/bun"
-
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
-	"github.com/cohort-dev/cohort/internal/vault"
 )
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -43,7 +42,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	toolCA := fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA (COHORT_HTTP_TOOL_CA_FILE)")
 	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	federationFlags(fs, &cfg)
-	metricsListen := fs.String("metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
 	chat := chatFlags(fs, &cfg)
 	fleet := fleetFlags(fs, &cfg)
 	agentFlags(fs, &cfg)
@@ -68,8 +67,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
 	}
-	catalog, err := agentCatalog(cfg)
-	if err != nil {
+	if _, err := cfg.Catalog(); err != nil {
 		return err
 	}
 	cfg.RegionalHosts = splitList(*regional)
@@ -86,6 +84,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--http-tool-ca-file (COHORT_HTTP_TOOL_CA_FILE): %w", err)
 		}
 	}
+	cfg.AgentBaseURL = env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
+	cfg.AgentAPIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	cfg.AgentEnv = jailAgentEnv(os.Environ())
 	log, err := newLogger(stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -117,78 +118,63 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	kek, err := loadKEK(cfg)
-	if err != nil {
+	deps := server.Deps{DB: db, Log: log}
+	if deps.KEK, err = loadKEK(cfg); err != nil {
 		return err
 	}
-	srv := server.New(db, kek, log)
 	if path, ok := store.SQLiteFile(cfg.DatabaseURL, cfg.DataDir); ok {
 		// Exchanges read beside the one writer connection (WAL).
-		reads, err := store.OpenSQLiteReads(ctx, path, 4)
-		if err != nil {
+		if deps.Reads, err = store.OpenSQLiteReads(ctx, path, 4); err != nil {
 			return err
 		}
-		defer reads.Close()
-		srv.Federation.Reads = reads
+		defer deps.Reads.Close()
 	}
-	srv.ChatSSE.Keepalive = cfg.ChatKeepalive
-	srv.Chat.FirstEventTimeout, srv.Chat.EventTimeout = cfg.FirstEventTimeout, cfg.EventTimeout
-	stopChat, err := startChat(ctx, srv, cfg)
-	if err != nil {
-		return err
-	}
-	defer stopChat()
 	// Listen first: local daemons are told where the gateway is.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
 	}
-	prov := &provision.Provisioner{DB: db, KEK: kek, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
-		GatewayURL: localGatewayURL(ln.Addr()), AgentCommand: cfg.AgentCommand,
-		IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
-		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile, Kube: kubeCfg}
-	srv.Interns.Agents = catalog
-	prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
-		return srv.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
-	}
-	var podModels http.Handler
-	if cfg.Provisioner == provision.Kubernetes {
-		h, stopRelay, err := podRelay(prov, kubeCfg, log)
-		if err != nil {
-			ln.Close()
+	defer ln.Close()
+	deps.GatewayURL = localGatewayURL(ln.Addr())
+	var podModels *egress.Relay
+	switch {
+	case cfg.Provisioner == provision.Kubernetes:
+		if podModels, err = podRelay(kubeCfg, cfg, log); err != nil {
 			return err
 		}
-		defer stopRelay()
-		podModels = h
-	}
-	if cfg.Provisioner == provision.Local {
-		stopJails, err := jailInterns(prov, srv, cfg, ln.Addr(), stderr)
+		defer podModels.Close()
+		deps.Kube = kubeCfg
+	case cfg.Provisioner == provision.Local && cfg.UnsafeSharedHost:
+		fmt.Fprintln(stderr, "WARNING: "+server.UnsafeSharedHostWarning)
+	case cfg.Provisioner == provision.Local:
+		jc, stopRelays, err := internJail(cfg, ln.Addr(), log)
 		if err != nil {
-			ln.Close()
 			return err
 		}
-		defer stopJails()
+		defer stopRelays()
+		deps.Jail = jc
 	}
-	srv.Provisioner, srv.Interns.Lifecycle, srv.Chat.Daemons = prov, prov, prov
-	defer prov.Close()
-	// Before Start: the metrics hooks are set once, before anything calls them.
-	if *metricsListen != "" {
-		stopMetrics, err := serveMetrics(*metricsListen, ln.Addr(), db, srv, prov, stdout, log)
+	srv, err := server.New(ctx, cfg, deps)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	// New set the metrics hooks; their listener is up before anything runs.
+	if cfg.MetricsListen != "" {
+		stopMetrics, err := serveMetrics(cfg.MetricsListen, srv.Metrics, stdout, log)
 		if err != nil {
 			return err
 		}
 		defer stopMetrics()
 	}
-	if err := prov.Start(ctx); err != nil {
-		return fmt.Errorf("start interns: %w", err)
-	}
-	srv.Vault.RegionalHosts = cfg.RegionalHosts
-	stopFederation, err := startFederation(ctx, srv, cfg)
-	if err != nil {
+	if err := srv.Start(ctx); err != nil {
 		return err
 	}
-	defer stopFederation()
-	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(withPodRelay(srv.Handler(), podModels)), log)
+	h := srv.Handler()
+	if podModels != nil {
+		h = withPodRelay(h, srv.Provisioner.PodModelRelay(podModels))
+	}
+	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(h), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 
@@ -258,15 +244,14 @@ func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 	}
 }
 
-// serveMetrics counts what the gateway does and serves it, in the
-// Prometheus format, on a listener of its own (never the API's).
-func serveMetrics(addr string, api net.Addr, db *bun.DB, srv *server.Server, prov *provision.Provisioner, stdout io.Writer, log *slog.Logger) (func(), error) {
+// serveMetrics serves what the gateway counts (server.New set the
+// hooks), in the Prometheus format, on a listener of its own (never the
+// API's).
+func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.Logger) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
-	m := metrics.New(db)
-	srv.Metrics, srv.Chat.Observer, srv.Federation.OnExchange, srv.Vault.Observe, prov.OnWake, prov.OnKubeCall = m, m, m.Exchange, m.Vault, m.Wake, m.KubeCall
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}

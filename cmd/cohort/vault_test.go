@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
 // vaultServer is a data directory, migrated and bootstrapped, with "a
@@ -47,7 +46,7 @@ func vaultServer(t *testing.T) (string, *bootstrap.Result, *envelope.KEK, *serve
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(db, kek, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := testenv.Server(t, db, kek)
 	p, err := srv.Auth.Bearer(ctx, "Bearer "+res.WorkspaceKey)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +62,7 @@ func TestAdminVaultRotateKEK(t *testing.T) {
 	ctx := context.Background()
 	dir, res, kek, srv, p := vaultServer(t)
 	var out, errb bytes.Buffer
-	if _, err := srv.Vault.Put(ctx, p, "", &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "api_key",
+	if _, err := srv.Vault.Put(ctx, p, &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "api_key",
 		Hosts: []string{"api.example.com"}, Value: "before rotation"}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +132,9 @@ func TestAdminVaultAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(db, kek, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := testenv.Server(t, db, kek)
 	p, _ := srv.Auth.Bearer(ctx, "Bearer "+res.WorkspaceKey)
-	if _, err := srv.Vault.Put(ctx, p, "", &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "api_key",
+	if _, err := srv.Vault.Put(ctx, p, &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "api_key",
 		Hosts: []string{"api.example.com"}, Value: "audit-cli-value"}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +167,7 @@ func TestConcurrentRotateKEKAndACrash(t *testing.T) {
 	dir, res, _, srv, p := vaultServer(t)
 	// Secrets in the intern's vault and the workspace's.
 	for i := range 5 {
-		if _, err := srv.Vault.Put(ctx, p, "", &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: fmt.Sprintf("k%d", i),
+		if _, err := srv.Vault.Put(ctx, p, &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: fmt.Sprintf("k%d", i),
 			Hosts: []string{"api.example.com"}, Value: fmt.Sprintf("value-%d", i)}); err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +217,7 @@ func TestConcurrentRotateKEKAndACrash(t *testing.T) {
 			t.Fatalf("release k%d: %q %v", i, v, err)
 		}
 	}
-	if _, err := srv.Vault.Put(ctx, p, "", &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "after",
+	if _, err := srv.Vault.Put(ctx, p, &cohortv1.PutInternSecretRequest{InternId: res.InternID, Name: "after",
 		Hosts: []string{"api.example.com"}, Value: "x"}); err != nil {
 		t.Fatalf("put after rotations: %v", err)
 	}

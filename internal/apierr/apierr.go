@@ -1,12 +1,20 @@
 // Package apierr is Cohort's one error model. A domain error carries the
 // HTTP status and the spec's reason, a message safe to show clients, and an
-// internal cause that only reaches logs. Each door (Connect, REST, SSE) maps
-// it once, at the edge.
+// internal cause that only reaches logs. Each door (Connect, REST, SSE, the
+// RFC 6749 body of /oauth/token, the http_request tool's answer to the
+// model) maps it once, at the edge.
+//
+// A server-side failure is one of two kinds, answered alike (500
+// "internal error") and logged apart (LogFault): an outage, where something
+// we depend on failed (Internal: a database error, a disk), and a bug, a
+// state our own code says cannot happen (Bug).
 package apierr
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 )
 
@@ -19,6 +27,9 @@ type Error struct {
 	// RetryAfter, when positive, is sent as Retry-After (seconds) on both
 	// doors: when a refused caller may try again.
 	RetryAfter int
+	// Bug marks a state that cannot happen (Bug), as opposed to an outage:
+	// LogFault says so, so that a bug is not read as a database going away.
+	Bug bool
 }
 
 func (e *Error) Error() string {
@@ -67,9 +78,44 @@ func Conflict(reason, format string, args ...any) *Error {
 	return New(http.StatusConflict, reason, format, args...)
 }
 
-// Internal wraps an unexpected failure. The client sees only "internal error".
+// Internal wraps an unexpected failure of something we depend on (an
+// outage: the database, a disk, a peer). The client sees only "internal
+// error". A cause that is a bug stays one.
 func Internal(cause error) *Error {
-	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause}
+	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause,
+		Bug: IsBug(cause)}
+}
+
+// Bug is a state that cannot happen: an invariant of our own code or data
+// that does not hold. The client sees what Internal shows (500, reason
+// internal, "internal error"); LogFault logs it as a bug (bug=true), not as
+// an outage. The format may wrap an error with %w.
+func Bug(format string, args ...any) *Error {
+	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error",
+		Cause: fmt.Errorf("bug: "+format, args...), Bug: true}
+}
+
+// IsBug reports whether err is, or wraps, an *Error made by Bug.
+func IsBug(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Bug
+}
+
+// LogFault logs a server-side failure at error level with its cause, never
+// its client's body or headers: an outage as "request failed", a bug as
+// "request failed: bug" with bug=true. attrs say where it happened (method
+// and path, or the Connect procedure).
+func LogFault(ctx context.Context, log *slog.Logger, e *Error, attrs ...slog.Attr) {
+	if log == nil || e == nil {
+		return
+	}
+	msg := "request failed"
+	attrs = append(attrs, slog.Int("status", e.Status), slog.String("reason", e.Reason), slog.Any("err", e.Cause))
+	if e.Bug {
+		msg = "request failed: bug"
+		attrs = append(attrs, slog.Bool("bug", true))
+	}
+	log.LogAttrs(ctx, slog.LevelError, msg, attrs...)
 }
 
 // From returns err as an *Error; anything that is not one becomes Internal,

@@ -124,8 +124,8 @@ func (i interceptor) convert(ctx context.Context, procedure string, err error) e
 	// A Connect error the framework raised (a request past the read bound,
 	// a malformed envelope) keeps its code's status: the caller's fault is
 	// not logged as ours.
-	if e := FromConnect(err); e.Status >= 500 && i.log != nil {
-		i.log.ErrorContext(ctx, "request failed", "procedure", procedure, "status", e.Status, "reason", e.Reason, "err", e.Cause)
+	if e := FromConnect(err); e.Status >= 500 {
+		LogFault(ctx, i.log, e, slog.String("procedure", procedure))
 	}
 	return ToConnect(err)
 }

@@ -140,7 +140,8 @@ func TestBearer(t *testing.T) {
 
 // On the Connect door an access token reaches only the inference
 // procedures: every other one refuses it with 403, whatever the key may
-// do; the key itself is admitted.
+// do; the key itself is admitted. (internal/server checks that the chat is
+// the only route declared for inference.)
 func TestAccessTokensOnlyReachInference(t *testing.T) {
 	t.Parallel()
 	const tok = "header.payload.signature"
@@ -159,8 +160,5 @@ func TestAccessTokensOnlyReachInference(t *testing.T) {
 	}
 	if got := apierr.FromConnect(list(tok)); got.Status != http.StatusForbidden || !strings.Contains(got.Message, "inference") {
 		t.Fatalf("access token on a management procedure: %+v", got)
-	}
-	if !e.Server.Auth.AccessTokenProcedures[cohortv1connect.ChatServiceStreamChatCompletionProcedure] || len(e.Server.Auth.AccessTokenProcedures) != 1 {
-		t.Fatalf("access tokens reach %v; want the chat alone", e.Server.Auth.AccessTokenProcedures)
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
@@ -71,7 +71,7 @@ func holdingDaemon(t *testing.T, hold <-chan struct{}, released chan<- bool, evs
 	srv.Config.Protocols = &p
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &p}}}, srv.URL)
+	return interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: lookahead.Transport{RoundTripper: &http.Transport{Protocols: &p}}}, srv.URL)
 }
 
 // countingListener counts the writes on the connections it accepts.

@@ -180,7 +180,7 @@ func BenchmarkEncode(b *testing.B) {
 // time from sending a prompt to reading the first content chunk, for a
 // scripted daemon that answers at once (Started, one text event, stop).
 //   - daemon_alone: a Connect client calling the scripted daemon directly,
-//     as `cohort bench chat` calibrates against the real one;
+//     as `cohort-bench chat` calibrates against the real one;
 //   - gateway_sqlite, gateway_postgres: the REST door in front of the
 //     same daemon (authentication, the intern's row, the rate limiter, the
 //     second hop, the SSE encoding) on each database.

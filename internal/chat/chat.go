@@ -25,8 +25,8 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/store"
 )
@@ -138,15 +138,19 @@ var ErrDeparted = interns.ErrDeparted
 // Admit runs the caller checks that come before the body is even read:
 // authentication happened, the interns programme (plain 404) and the
 // departed creator (plain 403). Callers outside the programme must not learn
-// anything about the route, not even that their body was malformed.
+// anything about the route, not even that their body was malformed. It is
+// the chat route's declared caller check (internal/server), run once per
+// request on both doors; Open takes a principal it admitted. A refusal is
+// counted (Observer) as any other before the stream.
 func (s *Service) Admit(p *auth.Principal) error {
-	if err := interns.CheckProgramme(p); err != nil {
-		return err
+	err := interns.CheckProgramme(p)
+	if err == nil && p.Departed() {
+		err = ErrDeparted
 	}
-	if p.Departed() {
-		return ErrDeparted
+	if err != nil && s.Observer != nil {
+		s.Observer.Refused(apierr.From(err).Reason)
 	}
-	return nil
+	return err
 }
 
 // Caller names who asks, for the daemon's bound on one caller's paused
@@ -168,8 +172,8 @@ func RateKey(p *auth.Principal) string {
 	return "org:" + p.OrganizationID
 }
 
-// Open checks the request and the caller, starts the turn (or delivers the
-// answer) on the intern's daemon and waits for its first event. A refusal
+// Open checks the request of a caller Admit admitted, starts the turn (or
+// delivers the answer) on the intern's daemon and waits for its first event. A refusal
 // at any point before that event is returned as an *apierr.Error and
 // nothing has been sent; otherwise the returned Stream yields the chunks,
 // starting with the role chunk. The daemon call lives as long as ctx: when
@@ -194,9 +198,6 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 				s.Observer.Opened(s.now().Sub(began))
 			}
 		}()
-	}
-	if err := s.Admit(p); err != nil {
-		return nil, err
 	}
 	t, err := validate(req)
 	if err != nil {
@@ -250,10 +251,10 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		cancel:  cancel,
 		id:      s.newID(),
 		created: s.now().Unix(),
-		look:    &httpx.Lookahead{},
+		look:    &lookahead.Body{},
 	}
-	// Over a LookaheadTransport the daemon's stream is read through st.look.
-	dctx = httpx.WithLookahead(dctx, st.look)
+	// Over a lookahead.Transport the daemon's stream is read through st.look.
+	dctx = lookahead.With(dctx, st.look)
 	// The request budget covers reaching the daemon, its answer and its
 	// first event. When it passes, the daemon call is cancelled and the
 	// caller gets 504 timeout.

@@ -19,7 +19,7 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -61,7 +61,7 @@ func newDaemon(t testing.TB, opts ...connect.ClientOption) *daemon {
 	var cp http.Protocols
 	cp.SetUnencryptedHTTP2(true)
 	// The provisioner's transport: streams are read through a lookahead.
-	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: httpx.LookaheadTransport{RoundTripper: &http.Transport{Protocols: &cp}}}, d.srv.URL, opts...)
+	d.client = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: lookahead.Transport{RoundTripper: &http.Transport{Protocols: &cp}}}, d.srv.URL, opts...)
 	return d
 }
 

@@ -2,6 +2,7 @@ package chat
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,19 +10,35 @@ import (
 	"strings"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/rest"
 	"github.com/cohort-dev/cohort/internal/sse"
 )
 
 // REST is the OpenAI-compatible door:
-// POST /api/v1/interns/{internId}/chat/completions, JSON in, SSE out.
+// POST /api/v1/interns/{internId}/chat/completions, JSON in, SSE out. The
+// route is declared (internal/server) with Lookup as its credential lookup
+// and Service.Admit as its caller check: both run before Completions.
 type REST struct {
-	S    *Service
-	Auth *auth.Authenticator
+	S *Service
 	// SSE tunes the stream (keepalive interval, write deadline).
 	SSE sse.Options
+}
+
+type preloadedKey struct{}
+
+// Lookup resolves the route's credential and reads the intern's row in
+// the same query: the turn's only database round trip before the daemon
+// is called. The row travels to Completions in the returned context.
+func (h REST) Lookup(ctx context.Context, r *http.Request, a *auth.Authenticator) (context.Context, *auth.Principal, error) {
+	p, pl, err := h.S.Interns.Authenticate(ctx, a, r.Header.Get("Authorization"), r.PathValue("internId"))
+	if err != nil {
+		return nil, nil, err
+	}
+	return context.WithValue(ctx, preloadedKey{}, pl), p, nil
 }
 
 // Completions handles the chat route. Every refusal before the daemon's
@@ -30,38 +47,33 @@ type REST struct {
 // response is a 200 event stream.
 func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	// The key and the intern's row in one query: the turn's only database
-	// round trip before the daemon is called.
-	p, pl, err := h.S.Interns.Authenticate(ctx, h.Auth, r.Header.Get("Authorization"), r.PathValue("internId"))
+	p := auth.From(ctx)
+	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
-		return
-	}
-	if err := h.S.Admit(p); err != nil {
-		httpx.WriteError(w, r, err, true)
-		return
-	}
-	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
-	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	req, err := DecodeRequest(body)
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	req.InternId = r.PathValue("internId")
-	st, err := h.S.OpenPreloaded(ctx, p, req, pl)
+	var st *Stream
+	if pl, ok := ctx.Value(preloadedKey{}).(interns.Preloaded); ok {
+		st, err = h.S.OpenPreloaded(ctx, p, req, pl)
+	} else {
+		st, err = h.S.Open(ctx, p, req)
+	}
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	// Closing after Serve returns is what cancels the run of a caller who
 	// hung up; after the final chunk the daemon call is already over.
 	defer st.Close()
 	if err := sse.Serve(w, r, st, h.SSE); err != nil {
-		httpx.LoggerFrom(ctx).InfoContext(ctx, "chat stream stopped early", "reason", "client_closed_request", "err", err)
+		accesslog.LoggerFrom(ctx).InfoContext(ctx, "chat stream stopped early", "reason", "client_closed_request", "err", err)
 	}
 }
 
@@ -74,7 +86,7 @@ func DecodeRequest(body []byte) (*cohortv1.StreamChatCompletionRequest, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierr.BadRequest("request body is empty: want a JSON object")
 	}
-	if err := httpx.CheckText(body); err != nil {
+	if err := rest.CheckText(body); err != nil {
 		return nil, err
 	}
 	var top map[string]json.RawMessage

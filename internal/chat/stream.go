@@ -14,7 +14,7 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/lookahead"
 )
 
 // Wire constants of the chunks.
@@ -40,7 +40,7 @@ type Stream struct {
 	recv        func() (*interndv1.RunEvent, error)
 	closeDaemon func() error
 	// look shows what the daemon sent that recv has not read yet.
-	look *httpx.Lookahead
+	look *lookahead.Body
 
 	timer    *time.Timer
 	timeout  time.Duration

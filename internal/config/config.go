@@ -1,8 +1,16 @@
 // Package config is the typed configuration of `cohort serve`, with its
-// defaults. cmd/cohort fills it from flags and COHORT_* variables.
+// defaults. cmd/cohort fills it from flags and COHORT_* variables;
+// server.New builds the whole gateway from it. Errors about a field name
+// its flag.
 package config
 
-import "time"
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/agents"
+)
 
 // Config configures the gateway.
 type Config struct {
@@ -25,9 +33,14 @@ type Config struct {
 	RegionalHosts []string
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
-	// Provisioner hosts interns: "local" (daemons started by the gateway)
-	// or "remote" (daemons registered by the operator).
+	// Provisioner hosts interns: "local" (daemons started by the gateway,
+	// each in a jail), "remote" (daemons registered by the operator) or
+	// "kubernetes" (a Pod per awake intern). Empty hosts none: chat has no
+	// daemons to call (tests that bring their own).
 	Provisioner string
+	// MetricsListen, when set, is the address of the separate listener
+	// serving Prometheus metrics; the server then counts what it does.
+	MetricsListen string
 
 	// RedisURL (redis:// or rediss://), when set, keeps rate limits in
 	// Redis so that replicas share them; empty keeps them in memory.
@@ -47,6 +60,15 @@ type Config struct {
 	// AgentCommand, when set, is the ACP agent the local provisioner's
 	// daemons run instead of `cohort agent`.
 	AgentCommand string
+	// AgentBaseURL and AgentAPIKey are the operator's model endpoint and
+	// key for the built-in agent (COHORT_AGENT_BASE_URL and
+	// COHORT_AGENT_API_KEY, else OPENAI_*): the relay of a jail or Pod
+	// calls it with the real key, the agent holding only a placeholder.
+	AgentBaseURL, AgentAPIKey string
+	// AgentEnv is what of the gateway's environment reaches a jailed or
+	// Pod daemon and its agent: the built-in agent's COHORT_AGENT_*
+	// settings, without the endpoint and key.
+	AgentEnv []string
 	// AgentModules is the node_modules directory the known third-party
 	// agents are installed in; Agents are custom "name=command" agents and
 	// AgentEndpoints "name=URL" model endpoints of known ones. Together the
@@ -107,4 +129,24 @@ func Default() Config {
 		EventTimeout:        10 * time.Minute,
 		InteractionDeadline: 5 * time.Minute,
 	}
+}
+
+// Catalog is the catalog of agents interns may name (AgentModules, Agents,
+// AgentEndpoints); errors name the setting.
+func (c Config) Catalog() (agents.Catalog, error) {
+	custom, err := agents.ParseCustom(c.Agents)
+	if err != nil {
+		return agents.Catalog{}, fmt.Errorf("--agent (COHORT_AGENTS): %w", err)
+	}
+	endpoints, err := agents.ParseEndpoints(c.AgentEndpoints)
+	if err != nil {
+		return agents.Catalog{}, fmt.Errorf("--agent-endpoint (COHORT_AGENT_ENDPOINTS): %w", err)
+	}
+	cat := agents.Catalog{Custom: custom, Endpoints: endpoints}
+	if c.AgentModules != "" {
+		if cat.Modules, err = filepath.Abs(c.AgentModules); err != nil {
+			return agents.Catalog{}, err
+		}
+	}
+	return cat, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/modelserver"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // agentModules is the node_modules directory `npm install --no-save` in agents/ makes.
@@ -445,7 +446,7 @@ func TestThirdPartyAgents(t *testing.T) {
 			ds.until(func(s *stream) bool { return strings.Contains(s.Text, "running it") })
 			hangUp()
 			other := "disconnected"
-			eventually(t, p.Name+" takes a turn after the disconnect", func() bool {
+			testutil.Eventually(t, wait, p.Name+" takes a turn after the disconnect", func() bool {
 				res := chat(t, a.gw, a.c.WK, a.intern, user("cohort-say: after the disconnect", `"session_id":`+jsonStr(other)))
 				if res.StatusCode == http.StatusConflict {
 					refusal(t, res, http.StatusConflict, "busy")
@@ -465,11 +466,11 @@ func TestThirdPartyAgents(t *testing.T) {
 			stopped := `"msg":"intern daemon stopped","intern":"` + a.intern + `"`
 			before := strings.Count(a.gw.stderr.String(), stopped)
 			connectCall(t, a.gw, a.c.WK, "SuspendIntern", `{"id":"`+a.intern+`"}`)
-			eventually(t, p.Name+" stops", func() bool { return strings.Count(a.gw.stderr.String(), stopped) > before })
+			testutil.Eventually(t, wait, p.Name+" stops", func() bool { return strings.Count(a.gw.stderr.String(), stopped) > before })
 			connectCall(t, a.gw, a.c.WK, "ResumeIntern", `{"id":"`+a.intern+`"}`)
 			var res *http.Response
 			var refused string
-			eventually(t, p.Name+" runs again", func() bool {
+			testutil.Eventually(t, wait, p.Name+" runs again", func() bool {
 				res = chat(t, a.gw, a.c.WK, a.intern, user("cohort-say: after the restart", `"session_id":`+jsonStr(session)))
 				if res.StatusCode != 200 {
 					b, _ := io.ReadAll(res.Body)

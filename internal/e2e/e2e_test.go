@@ -12,9 +12,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 const upModel = "up/model"
@@ -22,19 +22,6 @@ const upModel = "up/model"
 // upstreamEnv points a daemon's agent at a scripted upstream.
 func upstreamEnv(up *agenttest.Upstream) []string {
 	return []string{"COHORT_AGENT_BASE_URL=" + up.BaseURL(), "COHORT_AGENT_API_KEY=e2e-upstream-key"}
-}
-
-// eventually retries f until it reports true; each try is a real request,
-// so it is a poll of observable state, not a sleep standing in for one.
-func eventually(t testing.TB, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, wait)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // TestRunStates walks every row of the spec's intern run state table through
@@ -114,7 +101,7 @@ func TestRunStates(t *testing.T) {
 		// Rejected replies every 500 ms, well inside the 4 s deadline: were
 		// each to extend it, the run would never end. It ends.
 		var rejected int
-		eventually(t, "the deadline ends the run despite rejected replies", func() bool {
+		testutil.Eventually(t, wait, "the deadline ends the run despite rejected replies", func() bool {
 			res := chat(t, gw, key, d.id, s.answer("allow_sometimes"))
 			if res.StatusCode == 400 {
 				refusal(t, res, 400, "bad_request")
@@ -212,7 +199,7 @@ func TestRunStates(t *testing.T) {
 		// The run is cancelled, not left behind: the session takes a new
 		// turn (busy until the daemon has seen the cancellation through).
 		up.Push(agenttest.Answer(upModel, 3, 2, "fresh turn"))
-		eventually(t, "the session is free after the caller left", func() bool {
+		testutil.Eventually(t, wait, "the session is free after the caller left", func() bool {
 			res := chat(t, gw, key, d.id, user("again", `"session_id":"sess-disconnect"`))
 			if res.StatusCode == 409 {
 				refusal(t, res, 409, "busy")
@@ -285,7 +272,7 @@ func TestRunStates(t *testing.T) {
 		connectCall(t, gw, c.MK, "ResumeIntern", `{"id":"`+d.id+`"}`)
 		// Resume marks a remote intern running once its daemon answers
 		// Status, in the background.
-		eventually(t, "the resumed intern takes turns", func() bool {
+		testutil.Eventually(t, wait, "the resumed intern takes turns", func() bool {
 			res := chat(t, gw, key, d.id, user("hello"))
 			if res.StatusCode == 409 {
 				refusal(t, res, 409, "intern_not_ready")

@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // The escape suite: an intern is hostile. Through the real gateway, its
@@ -235,7 +236,7 @@ func createInternWith(t *testing.T, gw *proc, key, body string) map[string]strin
 // waitRunning polls until the intern answers a turn.
 func (tg *target) waitRunning(t *testing.T, id string) {
 	t.Helper()
-	eventually(t, "intern "+id+" runs", func() bool {
+	testutil.Eventually(t, wait, "intern "+id+" runs", func() bool {
 		res := chat(t, tg.gw, tg.c.WK, id, user("ready?x"))
 		if res.StatusCode != 200 {
 			res.Body.Close()

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // onMachineWithoutUserNamespaces runs `cohort serve` as an unprivileged
@@ -74,7 +76,7 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stderr := &syncBuf{}
+	stderr := &testutil.SyncBuffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -107,7 +109,7 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 		t.Fatalf("did not listen:\n%s", stderr)
 	}
 	// stderr reaches us through a pipe copied apart from stdout.
-	eventually(t, "the warning at start", func() bool { return strings.Contains(stderr.String(), "WARNING: --unsafe-shared-host") })
+	testutil.Eventually(t, wait, "the warning at start", func() bool { return strings.Contains(stderr.String(), "WARNING: --unsafe-shared-host") })
 	res, err := http.Get(p.URL + "/readyz")
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // cohortBin is the real cohort executable, built once by TestMain: the
@@ -52,30 +54,12 @@ func TestMain(m *testing.M) {
 // machine runs gateways, daemons and agents side by side.
 const wait = 60 * time.Second
 
-// syncBuf is a goroutine-safe buffer for a child's stderr.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // proc is a child process that announced its address on stdout.
 type proc struct {
 	name   string
 	cmd    *exec.Cmd
 	URL    string
-	stderr *syncBuf
+	stderr *testutil.SyncBuffer
 	done   chan struct{}
 }
 
@@ -93,7 +77,7 @@ func startIn(t testing.TB, dir, name string, env []string, args ...string) *proc
 	cmd := exec.Command(cohortBin, args...)
 	cmd.Dir = dir
 	cmd.Env = append(cleanEnv(), env...)
-	p := &proc{name: name, cmd: cmd, stderr: &syncBuf{}, done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/procstat"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // freeAddrs are n distinct loopback addresses nothing listens on now.
@@ -80,7 +81,7 @@ func BenchmarkKubernetesWake(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		eventually(b, "the intern sleeps", func() bool {
+		testutil.Eventually(b, wait, "the intern sleeps", func() bool {
 			_, ok := f.pod(b, id)
 			return !ok && f.state(b, id) == "sleeping"
 		})

@@ -24,6 +24,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/modelserver"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // kubeNS is the interns' namespace of these tests (serve's default).
@@ -199,8 +200,8 @@ func TestKubernetesInterns(t *testing.T) {
 	}
 
 	// Idle past the timeout: the Pod and its Secret go, the claim stays.
-	eventually(t, "the idle intern sleeps", func() bool { return f.state(t, id) == "sleeping" })
-	eventually(t, "the sleeping intern's pod is deleted", func() bool {
+	testutil.Eventually(t, wait, "the idle intern sleeps", func() bool { return f.state(t, id) == "sleeping" })
+	testutil.Eventually(t, wait, "the sleeping intern's pod is deleted", func() bool {
 		_, ok := f.pod(t, id)
 		return !ok && f.node.Running() == 0
 	})
@@ -228,14 +229,14 @@ func TestKubernetesInterns(t *testing.T) {
 
 	// The API server away: a sleeping intern cannot be woken, and the
 	// caller is told so in the spec's shape; once it is back, it can.
-	eventually(t, "the intern sleeps again", func() bool {
+	testutil.Eventually(t, wait, "the intern sleeps again", func() bool {
 		_, ok := f.pod(t, id)
 		return f.state(t, id) == "sleeping" && !ok
 	})
 	f.kc.StopAPIServer(t)
 	refusal(t, chat(t, f.b, c.WK, id, user("are you there")), 502, "intern_unreachable")
 	f.kc.StartAPIServer(t)
-	eventually(t, "a turn after the API server returns", func() bool {
+	testutil.Eventually(t, wait, "a turn after the API server returns", func() bool {
 		res := chat(t, f.b, c.WK, id, user("back again"))
 		if res.StatusCode != 200 {
 			res.Body.Close()
@@ -246,7 +247,7 @@ func TestKubernetesInterns(t *testing.T) {
 
 	// Deleted: the Pod, the Secret, the claim and the Lease all go.
 	c.Admin(t, "intern", "delete", "--org", c.Org, "--id", id)
-	eventually(t, "the deleted intern's objects are removed", func() bool {
+	testutil.Eventually(t, wait, "the deleted intern's objects are removed", func() bool {
 		_, ok := f.pod(t, id)
 		return !ok && !f.exists(t, "claim", "intern-"+id) && !f.exists(t, "secret", "intern-"+id+"-daemon") && !f.exists(t, "lease", "intern-"+id)
 	})
@@ -279,7 +280,7 @@ func TestKubernetesReplicaDiesMidWake(t *testing.T) {
 	// Lease; B finishes the wake with that same Pod once the Lease expires.
 	f.b.Stop(t)
 	c.Admin(t, "intern", "suspend", "--org", c.Org, "--id", id)
-	eventually(t, "the suspended intern's pod is deleted", func() bool {
+	testutil.Eventually(t, wait, "the suspended intern's pod is deleted", func() bool {
 		_, ok := f.pod(t, id)
 		return !ok
 	})
@@ -325,7 +326,7 @@ func TestKubernetesModelRelay(t *testing.T) {
 	turnOK(t, f.a, c.WK, id, "hello demo")
 	// A new model replaces the Pod.
 	connectCall(t, f.a, c.MK, "UpdateIntern", `{"id":"`+id+`","model":"`+upModel+`"}`)
-	eventually(t, "the intern answers from the upstream model", func() bool {
+	testutil.Eventually(t, wait, "the intern answers from the upstream model", func() bool {
 		res := chat(t, f.b, c.WK, id, user("hello upstream"))
 		if res.StatusCode != 200 {
 			io.Copy(io.Discard, res.Body)

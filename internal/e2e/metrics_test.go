@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 func freePort(t *testing.T) string {
@@ -51,7 +53,7 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 		}
 	}
 
-	eventually(t, "the demo intern answers", func() bool {
+	testutil.Eventually(t, wait, "the demo intern answers", func() bool {
 		res := chat(t, gw, c.WK, c.Demo, user("hello metrics"))
 		ok := res.StatusCode == 200
 		readAll(t, res)
@@ -95,7 +97,7 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 	os.WriteFile(cfg, []byte(fmt.Sprintf("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: cohort\n    static_configs:\n      - targets: ['%s']\n", metricsAddr)), 0o644)
 	cmd := exec.Command(prom, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+promAddr, "--log.level=warn")
-	var perr syncBuf
+	var perr testutil.SyncBuffer
 	cmd.Stderr = &perr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // The README's quick start as a new user runs it: `cohort serve` with no
@@ -27,7 +29,7 @@ func TestQuickStart(t *testing.T) {
 	}
 	wk, in := boot["workspace_key"], boot["intern_id"]
 	var s *stream
-	eventually(t, "the demo intern answers", func() bool {
+	testutil.Eventually(t, wait, "the demo intern answers", func() bool {
 		res := chat(t, gw, wk, in, user("Hello there"))
 		if res.StatusCode != 200 {
 			res.Body.Close()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
 	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // Two gateway replicas on one PostgreSQL database and one remote daemon: a
@@ -70,14 +71,14 @@ func TestLocalPauseLostOnGatewayRestart(t *testing.T) {
 			return true
 		}
 	}
-	eventually(t, "the local daemon runs", running(gw))
+	testutil.Eventually(t, wait, "the local daemon runs", running(gw))
 	s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ echo lost", `"approval_mode":"manual"`)))
 	if s.Finish != "tool_calls" {
 		t.Fatalf("pause: %q", s.Finish)
 	}
 	gw.Stop(t)
 	gw = c.Gateway(t, "--provisioner", "local")
-	eventually(t, "the restarted gateway's daemon runs", running(gw))
+	testutil.Eventually(t, wait, "the restarted gateway's daemon runs", running(gw))
 	refusal(t, chat(t, gw, c.WK, c.Demo, s.answer("allow_once")), 409, "interaction_not_pending")
 	r := readAll(t, chat(t, gw, c.WK, c.Demo, user("still there", `"session_id":`+jsonStr(s.Session))))
 	if r.Finish != "stop" {
@@ -95,7 +96,7 @@ func TestLocalInternOnUpstreamModel(t *testing.T) {
 	gw := c.GatewayEnv(t, upstreamEnv(up), "--provisioner", "local")
 	c.load(t)
 	connectCall(t, gw, c.MK, "UpdateIntern", `{"id":"`+c.Demo+`","model":"`+upModel+`"}`)
-	eventually(t, "the intern answers from the upstream model", func() bool {
+	testutil.Eventually(t, wait, "the intern answers from the upstream model", func() bool {
 		res := chat(t, gw, c.WK, c.Demo, user("hello upstream"))
 		if res.StatusCode != 200 {
 			io.Copy(io.Discard, res.Body)

@@ -13,6 +13,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // span is what the test keeps of an exported span.
@@ -114,7 +116,7 @@ func TestOneTraceSpansGatewayDaemonAndAgent(t *testing.T) {
 	gw := c.GatewayEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.srv.URL, "OTEL_BSP_SCHEDULE_DELAY=50"}, "--provisioner", "local")
 	c.load(t)
 	prompt := "hello " + randomCanary("prompt")
-	eventually(t, "the demo intern answers", func() bool {
+	testutil.Eventually(t, wait, "the demo intern answers", func() bool {
 		res := chat(t, gw, c.WK, c.Demo, user(prompt))
 		if res.StatusCode != 200 {
 			res.Body.Close()
@@ -124,7 +126,7 @@ func TestOneTraceSpansGatewayDaemonAndAgent(t *testing.T) {
 	})
 
 	var chain []span
-	eventually(t, "one trace from the gateway to the agent", func() bool {
+	testutil.Eventually(t, wait, "one trace from the gateway to the agent", func() bool {
 		spans := rec.all()
 		byID := map[string]span{}
 		for _, s := range spans {

@@ -1,8 +1,6 @@
 package federation_test
 
 import (
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
 // BenchmarkFederation measures, in one run, a full token exchange through
@@ -32,12 +31,11 @@ func benchFederation(b *testing.B, readPool bool) {
 	f := newFed(b, db, p)
 	// A gateway as `cohort serve` builds it, logging to nowhere (the test
 	// environment keeps every log line in memory).
-	srv := server.New(f.DB, f.Server.KEK, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	srv := testenv.Server(b, f.DB, f.Server.KEK)
 	srv.Federation.Config = settings(p)
 	if readPool {
 		srv.Federation.Reads = reads
 	}
-	b.Cleanup(srv.Federation.Close)
 	h := srv.Handler()
 	body := exchangeForm(p.token(b, kidRSA, p.claims()), f.policyID)
 	exchange := func() int {

@@ -95,7 +95,9 @@ func compileCondition(expr string) (*compiledCondition, error) {
 	}
 	e, err := conditionEnv()
 	if err != nil {
-		return nil, apierr.Internal(err)
+		// The environment is a constant of this code: it builds, or
+		// nothing compiles.
+		return nil, apierr.Bug("the CEL environment does not build: %w", err)
 	}
 	parsed, iss := e.Parse(expr)
 	if iss.Err() != nil {

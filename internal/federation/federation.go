@@ -223,13 +223,13 @@ func (s *Service) Close() {
 }
 
 // requireAdmin admits a management key (or the operator) of an
-// organization with the workload identity entitlement. Access tokens are
-// refused before they get here (auth interceptor), and again here.
+// organization with the workload identity entitlement. Access tokens never
+// get here: the service's routes are declared for API keys (auth.API).
 func requireAdmin(p *auth.Principal) error {
 	if p == nil {
 		return apierr.Unauthenticated("missing API key")
 	}
-	if p.AccessToken || !p.IsManagement() {
+	if !p.IsManagement() {
 		return apierr.Forbidden("workload identity settings require a management key")
 	}
 	if !p.WorkloadIdentity {

@@ -1,11 +1,11 @@
 package federation
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/cohort-dev/cohort/internal/apierr"
 )
 
 // The token exchange's fixed values (RFC 8693).
@@ -20,21 +20,26 @@ const (
 // 32 KB": 32767 bytes are accepted and 32768 refused.
 const MaxTokenBody = 32<<10 - 1
 
-// OAuthError is an RFC 6749 §5.2 error: an HTTP status, the error code
-// and a description.
-type OAuthError struct {
-	Status      int
-	Code        string
-	Description string
-	// RetryAfterSeconds, when positive, is sent as Retry-After.
-	RetryAfterSeconds int
-}
+// The exchange's refusals are *apierr.Error values whose reason is an RFC
+// 6749 §5.2 error code (and RFC 8693's use of them); the REST door writes
+// them as {"error": reason, "error_description": message} with the error's
+// status and Retry-After. Anything else (an outage, a bug) is answered 500
+// server_error and logged.
+const (
+	ReasonInvalidRequest         = "invalid_request"
+	ReasonInvalidGrant           = "invalid_grant"
+	ReasonUnsupportedGrantType   = "unsupported_grant_type"
+	ReasonInvalidScope           = "invalid_scope"
+	ReasonTemporarilyUnavailable = "temporarily_unavailable"
+	ReasonServerError            = "server_error"
+)
 
-// Error implements error.
-func (e *OAuthError) Error() string { return e.Code + ": " + e.Description }
+// oauthReasons are the reasons the token endpoint writes as they are.
+var oauthReasons = map[string]bool{ReasonInvalidRequest: true, ReasonInvalidGrant: true,
+	ReasonUnsupportedGrantType: true, ReasonInvalidScope: true, ReasonTemporarilyUnavailable: true}
 
-func invalidRequest(format string, args ...any) *OAuthError {
-	return &OAuthError{Status: http.StatusBadRequest, Code: "invalid_request", Description: fmt.Sprintf(format, args...)}
+func invalidRequest(format string, args ...any) *apierr.Error {
+	return apierr.New(http.StatusBadRequest, ReasonInvalidRequest, format, args...)
 }
 
 // invalidGrantDescription is the one message of every invalid_grant: the
@@ -42,10 +47,10 @@ func invalidRequest(format string, args ...any) *OAuthError {
 const invalidGrantDescription = "the subject token was not accepted for this federation policy"
 
 // errInvalidGrant is the one invalid_grant answer.
-var errInvalidGrant = &OAuthError{Status: http.StatusBadRequest, Code: "invalid_grant", Description: invalidGrantDescription}
+var errInvalidGrant = apierr.New(http.StatusBadRequest, ReasonInvalidGrant, "%s", invalidGrantDescription)
 
-var errTemporarilyUnavailable = &OAuthError{Status: http.StatusServiceUnavailable, Code: "temporarily_unavailable",
-	Description: "the identity provider's keys could not be fetched; retry shortly"}
+var errTemporarilyUnavailable = apierr.New(http.StatusServiceUnavailable, ReasonTemporarilyUnavailable,
+	"the identity provider's keys could not be fetched; retry shortly")
 
 // TokenRequest is a decoded exchange form.
 type TokenRequest struct {
@@ -107,8 +112,7 @@ func ParseTokenForm(body []byte) (*TokenRequest, error) {
 	case r.GrantType == "":
 		return nil, invalidRequest("grant_type is required")
 	case r.GrantType != GrantTokenExchange:
-		return nil, &OAuthError{Status: http.StatusBadRequest, Code: "unsupported_grant_type",
-			Description: "grant_type must be " + GrantTokenExchange}
+		return nil, apierr.New(http.StatusBadRequest, ReasonUnsupportedGrantType, "grant_type must be %s", GrantTokenExchange)
 	case r.SubjectToken == "":
 		return nil, invalidRequest("subject_token is required")
 	case len(r.SubjectToken) > MaxSubjectToken:
@@ -124,7 +128,7 @@ func ParseTokenForm(body []byte) (*TokenRequest, error) {
 	case r.RequestedTokenType != "" && r.RequestedTokenType != TokenTypeAccessToken:
 		return nil, invalidRequest("requested_token_type must be %s", TokenTypeAccessToken)
 	case r.Scope != "" && r.Scope != scopeInference:
-		return nil, &OAuthError{Status: http.StatusBadRequest, Code: "invalid_scope", Description: "the only scope is inference"}
+		return nil, apierr.New(http.StatusBadRequest, ReasonInvalidScope, "the only scope is inference")
 	}
 	return r, nil
 }
@@ -135,15 +139,6 @@ func checkFormContentType(ct string) error {
 	mt, _, _ := strings.Cut(ct, ";")
 	if !strings.EqualFold(strings.TrimSpace(mt), "application/x-www-form-urlencoded") {
 		return invalidRequest("the body must be application/x-www-form-urlencoded")
-	}
-	return nil
-}
-
-// asOAuth returns err as an *OAuthError, or nil.
-func asOAuth(err error) *OAuthError {
-	var e *OAuthError
-	if errors.As(err, &e) {
-		return e
 	}
 	return nil
 }

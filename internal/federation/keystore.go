@@ -165,7 +165,8 @@ func (k *keyStores) build(ctx context.Context, ks *keyStore, iss store.Federatio
 	}
 	gate := &gatedStorage{Storage: refreshing, cached: cached, ks: ks, s: k.s, cooldown: rate.NewLimiter(rate.Every(cfg.JWKSCooldown), 1)}
 	// The first fetch just happened: it counts as this cooldown's fetch.
-	gate.cooldown.Allow()
+	// The cooldown runs on the service's clock (tests move it).
+	gate.cooldown.AllowN(k.s.now(), 1)
 	ks.kf, err = keyfunc.New(keyfunc.Options{Ctx: ctx, Storage: gate, UseWhitelist: []jwkset.USE{jwkset.UseSig, ""}})
 	if err != nil {
 		fail(err)
@@ -190,7 +191,7 @@ func (g *gatedStorage) KeyRead(ctx context.Context, kid string) (jwkset.JWK, err
 	if j, err := g.cached.KeyRead(ctx, kid); err == nil || !errors.Is(err, jwkset.ErrKeyNotFound) {
 		return j, err
 	}
-	if !g.cooldown.Allow() {
+	if !g.cooldown.AllowN(g.s.now(), 1) {
 		if failed := g.ks.refreshFailedAt.Load(); failed != 0 &&
 			g.s.now().Sub(time.Unix(0, failed)) < g.s.settings().JWKSCooldown {
 			return jwkset.JWK{}, fmt.Errorf("%w: the last JWKS refresh failed", errUnavailable)

@@ -15,6 +15,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 func lastAudit(t *testing.T, f *fed) *cohortv1.Exchange {
@@ -27,11 +28,14 @@ func lastAudit(t *testing.T, f *fed) *cohortv1.Exchange {
 }
 
 // TestIssuerKeys: discovery, the JWKS cache, its refresh on unknown kids,
-// and what happens when the identity provider cannot be reached.
+// and what happens when the identity provider cannot be reached. The
+// refresh cooldown runs on the service's clock, which the test moves.
 func TestIssuerKeys(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, db *bun.DB, p *idp) {
-		f := newFed(t, db, p)
+		clock := testutil.NewClock(time.Now())
+		f := newFed(t, db, p, func(s *server.Server) { s.Federation.Now = clock.Now })
+		cooldown := func() { clock.Add(settings(p).JWKSCooldown) }
 		good := func() string { return p.token(t, kidRSA, p.claims()) }
 
 		// Discovery once, then the JWKS once; later exchanges use the cache.
@@ -53,7 +57,7 @@ func TestIssuerKeys(t *testing.T) {
 		if j := p.jwksFetches.Load(); j != 1 {
 			t.Fatalf("unknown kid inside the cooldown fetched the JWKS (%d fetches)", j)
 		}
-		time.Sleep(350 * time.Millisecond)
+		cooldown()
 		issued(t, f.exchange(t, newKid()))
 		if j := p.jwksFetches.Load(); j != 2 {
 			t.Fatalf("%d JWKS fetches after the cooldown, want 2", j)
@@ -61,7 +65,7 @@ func TestIssuerKeys(t *testing.T) {
 
 		// A burst of tokens with random kids: at most one fetch per
 		// cooldown, and nobody waits for a limiter.
-		time.Sleep(350 * time.Millisecond)
+		cooldown()
 		before := p.jwksFetches.Load()
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -98,7 +102,7 @@ func TestIssuerKeys(t *testing.T) {
 		// an unknown kid then triggers a refresh that fails: 503.
 		p.set(func(p *idp) { p.jwksStatus = http.StatusInternalServerError })
 		issued(t, f.exchange(t, good()))
-		time.Sleep(350 * time.Millisecond)
+		cooldown()
 		expectError(t, f.exchange(t, sign(t, `{"alg":"RS256","kid":"rsa-3"}`, mustJSON(p.claims()), rsaKey)), 503, "temporarily_unavailable")
 		if r := lastAudit(t, f); r.GetFailedCheck() != "signature" || !strings.Contains(r.GetDetail(), "500") {
 			t.Fatalf("audit %v", r)
@@ -120,11 +124,13 @@ func TestIssuerKeys(t *testing.T) {
 
 // TestIssuerUnreachable: every way the identity provider can fail to give
 // its keys answers 503 temporarily_unavailable, fast, and the audit says
-// why. A failure is remembered for the cooldown, not fetched again.
+// why. A failure is remembered for the cooldown, not fetched again. The
+// cooldown runs on the service's clock, which the test moves.
 func TestIssuerUnreachable(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, db *bun.DB, p *idp) {
-		f := newFed(t, db, p)
+		clock := testutil.NewClock(time.Now())
+		f := newFed(t, db, p, func(s *server.Server) { s.Federation.Now = clock.Now })
 		mk := f.ManagementKey
 		newPolicy := func(issuerURL, jwksURL string) string {
 			iss := call(t, f.client.CreateIssuer, mk, &cohortv1.CreateIssuerRequest{Name: "x", IssuerUrl: issuerURL, JwksUrl: jwksURL}).GetIssuer().GetId()
@@ -135,6 +141,7 @@ func TestIssuerUnreachable(t *testing.T) {
 			c["iss"], c["sub"] = iss, "s"
 			return p.token(t, kidRSA, c)
 		}
+		policies := map[string]string{} // test case → its policy
 		for _, tc := range []struct {
 			name, issuer, jwks, detail string
 			setup                      func()
@@ -149,6 +156,7 @@ func TestIssuerUnreachable(t *testing.T) {
 				tc.setup()
 			}
 			pol := newPolicy(tc.issuer, tc.jwks)
+			policies[tc.name] = pol
 			start := time.Now()
 			a := f.post(t, exchangeForm(tokenFor(tc.issuer), pol))
 			expectError(t, a, 503, "temporarily_unavailable")
@@ -166,9 +174,21 @@ func TestIssuerUnreachable(t *testing.T) {
 				t.Errorf("%s: second try took %v and fetched %d times", tc.name, d, p.jwksFetches.Load()-fetches)
 			}
 		}
-		// After the cooldown and the IdP's recovery, the same issuer works.
+		// After the IdP's recovery, a failure is still remembered until the
+		// cooldown has passed; then the same issuers work, as does a new one.
 		p.set(func(p *idp) { p.jwksStatus, p.hang = 0, false })
-		time.Sleep(350 * time.Millisecond)
+		recovered := []struct{ name, issuer string }{{"JWKS answers 500", p.URL + "/five"}, {"JWKS hangs", p.URL + "/hang"}}
+		for _, r := range recovered {
+			expectError(t, f.post(t, exchangeForm(tokenFor(r.issuer), policies[r.name])), 503, "temporarily_unavailable")
+		}
+		clock.Add(settings(p).JWKSCooldown)
+		for _, r := range recovered {
+			a := f.post(t, exchangeForm(tokenFor(r.issuer), policies[r.name]))
+			if a.status != http.StatusOK {
+				t.Fatalf("%s, recovered, after the cooldown: %d %s", r.name, a.status, a.body)
+			}
+			issued(t, a)
+		}
 		pol := newPolicy(p.URL+"/recovered", p.URL+"/jwks")
 		issued(t, f.post(t, exchangeForm(tokenFor(p.URL+"/recovered"), pol)))
 	})

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
 // TestExchangeRateLimitMemory: past the per-address budget an exchange is
@@ -71,10 +71,9 @@ func TestExchangeRateLimitRedis(t *testing.T) {
 		}
 		f := newFed(t, db, p, func(s *server.Server) { s.Federation.Config.Limiter = limiter() })
 		// The second replica: its own server and federation service.
-		srv2 := server.New(db, f.Server.KEK, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		srv2 := testenv.Server(t, db, f.Server.KEK)
 		srv2.Federation.Config = settings(p)
 		srv2.Federation.Config.Limiter = limiter()
-		t.Cleanup(srv2.Federation.Close)
 		hs2 := httptest.NewServer(srv2.Handler())
 		t.Cleanup(hs2.Close)
 		post2 := func(body string) answer {

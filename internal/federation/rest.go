@@ -12,22 +12,32 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/rest"
 )
 
 // REST is the REST door: POST /oauth/token and GET /oauth/jwks.
 type REST struct{ S *Service }
 
-// writeOAuth writes an RFC 6749 §5.2 error body.
-func writeOAuth(w http.ResponseWriter, e *OAuthError) {
-	if e.RetryAfterSeconds > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfterSeconds))
+// writeOAuth writes err as an RFC 6749 §5.2 error body. An *apierr.Error
+// whose reason is an OAuth error code goes as it is: its status, the reason
+// as "error", the message as "error_description", Retry-After. Anything else
+// (an outage, a bug) is logged with its cause and answered 500 server_error
+// "internal error".
+func writeOAuth(w http.ResponseWriter, r *http.Request, err error) {
+	e := apierr.From(err)
+	if !oauthReasons[e.Reason] {
+		accesslog.LogFault(r, e)
+		e = apierr.New(http.StatusInternalServerError, ReasonServerError, "internal error")
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	body, _ := json.Marshal(struct {
 		Error       string `json:"error"`
 		Description string `json:"error_description"`
-	}{e.Code, e.Description})
+	}{e.Reason, e.Message})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	w.Write(append(body, '\n'))
@@ -60,19 +70,19 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Pragma", "no-cache")
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeOAuth(w, &OAuthError{Status: http.StatusMethodNotAllowed, Code: "invalid_request", Description: "use POST"})
+		writeOAuth(w, r, apierr.New(http.StatusMethodNotAllowed, ReasonInvalidRequest, "use POST"))
 		return
 	}
-	tooLarge := &OAuthError{Status: http.StatusRequestEntityTooLarge, Code: "invalid_request",
-		Description: "the body must be under 32 KB (at most 32767 bytes)"}
+	tooLarge := apierr.New(http.StatusRequestEntityTooLarge, ReasonInvalidRequest,
+		"the body must be under 32 KB (at most 32767 bytes)")
 	if r.ContentLength > MaxTokenBody {
-		httpx.Drain(w, r.Body)
-		writeOAuth(w, tooLarge)
+		rest.Drain(w, r.Body)
+		writeOAuth(w, r, tooLarge)
 		return
 	}
 	// A form is small: an encoded one is refused, never parsed as if plain.
 	if enc := strings.TrimSpace(r.Header.Get("Content-Encoding")); enc != "" && !strings.EqualFold(enc, "identity") {
-		writeOAuth(w, invalidRequest("Content-Encoding is not supported here: send the form as is"))
+		writeOAuth(w, r, invalidRequest("Content-Encoding is not supported here: send the form as is"))
 		return
 	}
 	// One allocation of the announced size (bounded above), not
@@ -83,20 +93,20 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			httpx.Drain(w, r.Body)
-			writeOAuth(w, tooLarge)
+			rest.Drain(w, r.Body)
+			writeOAuth(w, r, tooLarge)
 			return
 		}
-		writeOAuth(w, invalidRequest("the body could not be read"))
+		writeOAuth(w, r, invalidRequest("the body could not be read"))
 		return
 	}
 	if err := checkFormContentType(r.Header.Get("Content-Type")); err != nil {
-		writeOAuth(w, asOAuth(err))
+		writeOAuth(w, r, err)
 		return
 	}
 	req, err := ParseTokenForm(body)
 	if err != nil {
-		writeOAuth(w, asOAuth(err))
+		writeOAuth(w, r, err)
 		return
 	}
 	addr, key := sourceAddress(r)
@@ -106,23 +116,17 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		// unlimited, and the log says so.
 		h.S.log().ErrorContext(r.Context(), "federation: exchange rate limiter failed; allowing", "err", err)
 	} else if !ok {
-		writeOAuth(w, &OAuthError{Status: http.StatusTooManyRequests, Code: "invalid_request",
-			Description:       "too many token exchanges from this address; retry later",
-			RetryAfterSeconds: max(1, int(math.Ceil(retry.Seconds())))})
+		e := apierr.New(http.StatusTooManyRequests, ReasonInvalidRequest, "too many token exchanges from this address; retry later")
+		e.RetryAfter = max(1, int(math.Ceil(retry.Seconds())))
+		writeOAuth(w, r, e)
 		return
 	}
 	res, err := h.S.Exchange(r.Context(), req, addr)
 	if err != nil {
-		if oe := asOAuth(err); oe != nil {
-			writeOAuth(w, oe)
-			return
-		}
-		e := apierr.From(err)
-		httpx.LogFault(r, e)
-		writeOAuth(w, &OAuthError{Status: http.StatusInternalServerError, Code: "server_error", Description: "internal error"})
+		writeOAuth(w, r, err)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, res)
+	rest.WriteJSON(w, http.StatusOK, res)
 }
 
 // jwk is one published public key (RFC 7517/7518).
@@ -143,7 +147,7 @@ type jwk struct {
 func (h REST) JWKS(w http.ResponseWriter, r *http.Request) {
 	keys, err := h.S.signer.published(r.Context())
 	if err != nil {
-		httpx.WriteError(w, r, apierr.Internal(err), false)
+		rest.WriteError(w, r, apierr.Internal(err), false)
 		return
 	}
 	out := struct {
@@ -152,7 +156,8 @@ func (h REST) JWKS(w http.ResponseWriter, r *http.Request) {
 	for _, k := range keys {
 		raw, err := k.pub.Bytes() // 0x04 || X || Y, each 32 bytes
 		if err != nil {
-			httpx.WriteError(w, r, apierr.Internal(err), false)
+			// Every key was parsed as a P-256 point when it was loaded.
+			rest.WriteError(w, r, apierr.Bug("signing key %s does not encode: %w", k.id, err), false)
 			return
 		}
 		out.Keys = append(out.Keys, jwk{Kty: "EC", Crv: "P-256",
@@ -162,5 +167,5 @@ func (h REST) JWKS(w http.ResponseWriter, r *http.Request) {
 	// Short enough that a verifier meets a pre-published key long before
 	// it signs (KeyPrepublish is hours).
 	w.Header().Set("Cache-Control", "public, max-age=300")
-	httpx.WriteJSON(w, http.StatusOK, out)
+	rest.WriteJSON(w, http.StatusOK, out)
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/vaulthost"
 )
@@ -72,13 +73,63 @@ type Args struct {
 	Body    *string           `json:"body,omitempty"`
 }
 
-// Error is a refusal or failure meant for the model: it says what went
-// wrong and what to do. It never holds a secret value.
-type Error struct{ Msg string }
+// Refusals and failures are *apierr.Error, Cohort's one error model. The
+// message is for the model (what went wrong and what to do) and never holds
+// a secret value; the status and reason are the ones the daemon and the
+// gateway already use:
+//
+//   - 400 bad_request: the arguments, method, URL or headers; secrets for a
+//     host that is not a DNS name (the vault's invalid_host refusal is a 400
+//     bad_request too)
+//   - 413 payload_too_large: a body over MaxReqBody
+//   - a secret not released: the vault's own status and reason (403
+//     host_not_allowed, 403 secret_unbound, 404 not_found, 400
+//     bad_request), or 502 when the vault could not be asked
+//   - 403 forbidden: the destination's address is not public (the egress
+//     relay answers such a dial with 403 too)
+//   - 502 without a reason: the destination could not be reached (as the
+//     egress relay answers); 502 stream_severed: the response broke off
+//   - 504 timeout; 499 client_closed_request: the run went away first
+//   - 500 internal, a bug (apierr.Bug): the vault released a value for a
+//     host it never releases for
+//
+// A failure's cause is not kept: net/http's errors hold the URL, which may
+// hold a released value.
 
-func (e *Error) Error() string { return e.Msg }
+// refuse is a 400 bad_request for the model.
+func refuse(format string, args ...any) error { return apierr.BadRequest(format, args...) }
 
-func refuse(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(format, args...)} }
+// notReleased is a secret the Releaser did not release: the vault's status
+// and reason when it said why, else 502; its message either way.
+func notReleased(name, host string, err error) error {
+	e := &apierr.Error{Status: http.StatusBadGateway, Message: err.Error(), Cause: err}
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		e.Status, e.Reason, e.Message, e.Bug = ae.Status, ae.Reason, ae.Message, ae.Bug
+	}
+	e.Message = fmt.Sprintf("secret %q was not released for host %q: %s", name, host, e.Message)
+	return e
+}
+
+// failed is a request that did not complete: what names the step, and the
+// message says why, with every released value redacted. broke is a
+// response that broke off after it began.
+func failed(what string, err error, redact func(string) string, broke bool) error {
+	status, reason := http.StatusBadGateway, ""
+	if broke {
+		reason = "stream_severed"
+	}
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		status, reason = http.StatusGatewayTimeout, "timeout"
+	case errors.Is(err, context.Canceled):
+		status, reason = 499, "client_closed_request"
+	case errors.Is(err, safehttp.ErrRefusedAddress):
+		status, reason = http.StatusForbidden, "forbidden"
+	}
+	return apierr.New(status, reason, "%s: %s", what, redact(cleanErr(err)))
+}
 
 // DecodeArgs decodes arguments strictly: unknown keys, a missing url, or
 // wrong types are refused with the expected shape.
@@ -124,7 +175,8 @@ func SecretNames(a *Args) []string {
 }
 
 // Releaser asks the vault for secret name's value for one request to host.
-// Its error message is shown to the model.
+// Its error's message is shown to the model; an *apierr.Error's status and
+// reason are kept (any other error is a 502).
 type Releaser func(ctx context.Context, name, host string) (string, error)
 
 // Options configure a Tool. The zero value is the production setting.
@@ -288,13 +340,13 @@ func check(a *Args) (string, *url.URL, error) {
 		}
 	}
 	if a.Body != nil && len(*a.Body) > MaxReqBody {
-		return "", nil, refuse("the body is longer than %d bytes", MaxReqBody)
+		return "", nil, apierr.New(http.StatusRequestEntityTooLarge, "payload_too_large", "the body is longer than %d bytes", MaxReqBody)
 	}
 	return method, u, nil
 }
 
-// Do executes the request. Refusals and failures are *Error (for the
-// model); their messages never hold a released value.
+// Do executes the request. Refusals and failures are *apierr.Error (their
+// messages for the model); their messages never hold a released value.
 func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, error) {
 	method, u, err := check(a)
 	if err != nil {
@@ -311,7 +363,7 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 			// in its audit; it never releases for such a host.
 			for _, n := range names {
 				if v, rerr := release(ctx, n, host); rerr == nil && v != "" {
-					return nil, refuse("internal error: the vault released a secret for an invalid host")
+					return nil, apierr.Bug("the vault released secret %q for host %q, which is not a DNS hostname", n, host)
 				}
 			}
 			return nil, refuse("secrets are only sent to DNS hostnames; %q is not one (%v)", host, err)
@@ -319,7 +371,7 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		for _, n := range names {
 			v, err := release(ctx, n, host)
 			if err != nil {
-				return nil, refuse("secret %q was not released for host %q: %v", n, host, err)
+				return nil, notReleased(n, host, err)
 			}
 			secrets = append(secrets, secretValue{name: n, value: v, plhold: "{{secret:" + n + "}}", forms: forms(v)})
 		}
@@ -379,7 +431,7 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		req.Header = headers.Clone()
 		resp, err := t.client.Do(req)
 		if err != nil {
-			return nil, refuse("the request failed: %s", redact(cleanErr(err)))
+			return nil, failed("the request failed", err, redact, false)
 		}
 		loc := resp.Header.Get("Location")
 		redirect := resp.StatusCode == 301 || resp.StatusCode == 302 || resp.StatusCode == 303 || resp.StatusCode == 307 || resp.StatusCode == 308
@@ -427,7 +479,7 @@ func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red redactor
 	// occurrence that starts before the cut is whole when it is redacted.
 	b, err := io.ReadAll(io.LimitReader(resp.Body, t.o.MaxResponse+int64(red.longest())+1))
 	if err != nil {
-		return nil, refuse("reading the response failed: %s", red.redact(cleanErr(err)))
+		return nil, failed("reading the response failed", err, red.redact, true)
 	}
 	body := red.redact(string(b))
 	if int64(len(b)) > t.o.MaxResponse {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -90,16 +91,11 @@ func (u *upstream) all() []hit {
 	return append([]hit(nil), u.hits...)
 }
 
+// releaser asks the vault directly; its refusals are the vault's
+// *apierr.Error, as the daemon's releaser passes them on.
 func releaser(e *testenv.Env) httptool.Releaser {
 	return func(ctx context.Context, name, host string) (string, error) {
-		v, err := e.Server.Vault.Release(ctx, vault.ReleaseRequest{InternID: e.InternID, Name: name, Host: host, RunID: "run-test"})
-		if err != nil {
-			var ae interface{ Error() string }
-			if errors.As(err, &ae) {
-				return "", errors.New(strings.TrimSpace(err.Error()))
-			}
-		}
-		return v, err
+		return e.Server.Vault.Release(ctx, vault.ReleaseRequest{InternID: e.InternID, Name: name, Host: host, RunID: "run-test"})
 	}
 }
 
@@ -159,20 +155,28 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 			t.Fatalf("the bound host did not receive the value: %+v", hits)
 		}
 
-		// Refused destinations: never released, nothing sent.
-		for _, c := range []struct{ url, want string }{
-			{up.url("example.com", "/echo"), `secret "api_key" was not released for host "example.com"`},
-			{up.url("www.api.example.com", "/echo"), `not bound to host "www.api.example.com"`},
-			{"https://api.example.com.evil.test/echo", `not bound to host "api.example.com.evil.test"`},
-			{"https://127.0.0.1/echo", "secrets are only sent to DNS hostnames"},
-			{"https://[::1]/echo", "secrets are only sent to DNS hostnames"},
-			{"https://user:pw@api.example.com/echo", "user information"},
-			{"http://api.example.com/echo", "only https"},
+		// Refused destinations: never released, nothing sent. Each refusal
+		// carries the vault's (or the tool's) status and reason.
+		for _, c := range []struct {
+			url, want string
+			status    int
+			reason    string
+		}{
+			{up.url("example.com", "/echo"), `secret "api_key" was not released for host "example.com"`, 403, "host_not_allowed"},
+			{up.url("www.api.example.com", "/echo"), `not bound to host "www.api.example.com"`, 403, "host_not_allowed"},
+			{"https://api.example.com.evil.test/echo", `not bound to host "api.example.com.evil.test"`, 403, "host_not_allowed"},
+			{"https://127.0.0.1/echo", "secrets are only sent to DNS hostnames", 400, "bad_request"},
+			{"https://[::1]/echo", "secrets are only sent to DNS hostnames", 400, "bad_request"},
+			{"https://user:pw@api.example.com/echo", "user information", 400, "bad_request"},
+			{"http://api.example.com/echo", "only https", 400, "bad_request"},
 		} {
 			_, err := tool.Do(ctx, &httptool.Args{URL: c.url, Headers: map[string]string{"Authorization": "Bearer {{secret:api_key}}"}}, rel)
-			var te *httptool.Error
-			if !errors.As(err, &te) || !strings.Contains(te.Msg, c.want) || strings.Contains(te.Msg, "s3cr3t") {
+			var te *apierr.Error
+			if !errors.As(err, &te) || !strings.Contains(te.Message, c.want) || strings.Contains(te.Message, "s3cr3t") {
 				t.Fatalf("%s: %v (want %q)", c.url, err, c.want)
+			}
+			if te.Status != c.status || te.Reason != c.reason {
+				t.Fatalf("%s: %d %q, want %d %q", c.url, te.Status, te.Reason, c.status, c.reason)
 			}
 		}
 		if n := len(up.all()); n != 43 {
@@ -181,10 +185,17 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 		// Unknown secret, legacy (unbound) secret.
 		v := vaultRowID(t, e)
 		e.DB.NewInsert().Model(&store.VaultSecret{VaultID: v, Name: "legacy", Ciphertext: []byte("x"), CreatedAt: store.Now(nil)}).Exec(ctx)
-		for _, c := range []struct{ name, want string }{{"nope", "no secret \"nope\""}, {"legacy", "bound to no host"}, {"Bad Name", "name"}} {
+		for _, c := range []struct {
+			name, want string
+			status     int
+			reason     string
+		}{{"nope", "no secret \"nope\"", 404, "not_found"}, {"legacy", "bound to no host", 403, "secret_unbound"}, {"Bad Name", "name", 400, "bad_request"}} {
 			_, err := tool.Do(ctx, &httptool.Args{URL: up.url("api.example.com", "/echo"), Body: ptr("{{secret:" + c.name + "}}")}, rel)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%s: %v", c.name, err)
+			}
+			if !apierr.Is(err, c.status, c.reason) {
+				t.Fatalf("%s: %v, want %d %q", c.name, err, c.status, c.reason)
 			}
 		}
 		// Every decision is audited, never with the value.

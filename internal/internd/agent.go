@@ -2,7 +2,6 @@ package internd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +21,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/internd/acptap"
 )
 
 // agentGen numbers agent processes, so a session knows whether the agent
@@ -30,54 +30,27 @@ var agentGen atomic.Uint64
 
 // agentProc is one agent subprocess and our ACP connection to it.
 type agentProc struct {
-	gen  uint64
-	cmd  *exec.Cmd
-	conn *acp.ClientSideConnection
-	caps acp.AgentCapabilities
-	done chan struct{} // closed when the process has exited
-	once sync.Once
-	// stdout is the agent's output pipe; in counts the bytes the tap read
-	// from it and handled the bytes of the lines it has handled, so
-	// settle can tell when everything the agent wrote has been handled.
-	stdout  *os.File
-	stdin   io.Closer
-	in      *countingReader
-	handled atomic.Int64
+	gen   uint64
+	cmd   *exec.Cmd
+	conn  *acp.ClientSideConnection
+	caps  acp.AgentCapabilities
+	done  chan struct{} // closed when the process has exited
+	once  sync.Once
+	stdin io.Closer
+	// tap reads the agent's stdout before the SDK does: session/update
+	// text is decoded there, in order (acptap).
+	tap *acptap.Tap
 }
 
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.Reader
-	n atomic.Int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-// settle waits (at most 250 ms) until the tap has handled every line the
-// agent wrote so far: nothing unread in the pipe, nothing read but not
-// handled, twice 1 ms apart. The daemon's own MCP tool calls it before
-// pausing the run, so that text the agent streamed just before calling
-// the tool is in the run's events before the interaction (a request over
-// another connection can overtake lines still in the pipe).
+// settle waits until every line the agent wrote so far has been handled
+// (acptap.Tap.Settle). The daemon's own MCP tool calls it before pausing
+// the run, so that text the agent streamed just before calling the tool is
+// in the run's events before the interaction.
 func (a *agentProc) settle() {
-	if a == nil || a.in == nil {
+	if a == nil {
 		return
 	}
-	quiet := func() (int64, int64, bool) {
-		g, h := a.in.n.Load(), a.handled.Load()
-		return g, h, g == h && pipeUnread(a.stdout) == 0
-	}
-	for deadline := time.Now().Add(250 * time.Millisecond); time.Now().Before(deadline); {
-		g, h, ok := quiet()
-		time.Sleep(time.Millisecond)
-		if g2, h2, ok2 := quiet(); ok && ok2 && g == g2 && h == h2 {
-			return
-		}
-	}
+	a.tap.Settle()
 }
 
 // stop ends the agent: its input closes, it has a moment to exit, then its
@@ -100,110 +73,6 @@ func (a *agentProc) stop() {
 		a.cmd.Process.Kill()
 		<-a.done
 	})
-}
-
-// updateMarkers identify a session/update line without decoding it. They
-// cannot occur inside a JSON string, where quotes are escaped.
-var updateMarkers = [][]byte{[]byte(`"method":"session/update"`), []byte(`"method": "session/update"`)}
-
-// wireUpdate is the part of a session/update notification the daemon uses.
-type wireUpdate struct {
-	Params struct {
-		SessionID string   `json:"sessionId"`
-		Meta      wireMeta `json:"_meta"`
-		Update    struct {
-			SessionUpdate string `json:"sessionUpdate"`
-			Content       struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			} `json:"content"`
-			Meta wireMeta `json:"_meta"`
-		} `json:"update"`
-	} `json:"params"`
-}
-
-type wireMeta struct {
-	Model string `json:"cohort.dev/model"`
-}
-
-// tap copies the agent's stdout to the SDK, except session/update
-// notifications, which it handles itself, in order. Two reasons, both
-// measured or observed: the SDK runs the agent's requests concurrently
-// with its notification queue, so a permission request could overtake the
-// text sent just before it (and that text would then land after the
-// pause); and the SDK's generic decoding of updates cost half the daemon's
-// CPU. Handling them here also gives flow control: while a run's consumer
-// lags a full retention bound behind, the tap stops reading and the agent
-// waits on its pipe (the SDK would instead close the connection once 1,024
-// notifications queue up).
-func (a *agentProc) tap(c *client, r io.Reader, w *io.PipeWriter) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var long []byte
-	for {
-		frag, err := br.ReadSlice('\n')
-		line := frag
-		if err == bufio.ErrBufferFull || (len(long) > 0 && len(frag) > 0) {
-			long = append(long, frag...)
-			line = long
-		}
-		if err == bufio.ErrBufferFull {
-			if len(long) > maxLine {
-				w.CloseWithError(fmt.Errorf("agent message larger than %d bytes", maxLine))
-				return
-			}
-			continue
-		}
-		if len(line) > 0 && !c.handleLine(line) {
-			if _, werr := w.Write(line); werr != nil {
-				return
-			}
-		}
-		a.handled.Add(int64(len(line)))
-		long = long[:0]
-		if err != nil {
-			w.CloseWithError(err)
-			return
-		}
-	}
-}
-
-// maxLine bounds one message from the agent (the SDK allows 10 MiB).
-const maxLine = 10 << 20
-
-// handleLine handles a session/update line and reports whether it did.
-func (c *client) handleLine(line []byte) bool {
-	marked := false
-	for _, m := range updateMarkers {
-		if bytes.Contains(line, m) {
-			marked = true
-			break
-		}
-	}
-	if !marked {
-		return false
-	}
-	var u wireUpdate
-	if json.Unmarshal(line, &u) != nil {
-		return false // the SDK will report it
-	}
-	up := u.Params.Update
-	var thought bool
-	switch up.SessionUpdate {
-	case "agent_message_chunk":
-	case "agent_thought_chunk":
-		thought = true
-	default:
-		return true // not part of the stream
-	}
-	if up.Content.Type != "text" {
-		return true
-	}
-	model := u.Params.Meta.Model
-	if model == "" {
-		model = up.Meta.Model
-	}
-	c.d.update(u.Params.SessionID, up.Content.Text, model, thought)
-	return true
 }
 
 // usable reports whether a can take a turn. An agent whose connection
@@ -282,13 +151,12 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, "", fmt.Errorf("start agent: %w", err)
 	}
-	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), stdin: stdin, in: &countingReader{r: stdout}}
-	a.stdout, _ = stdout.(*os.File)
+	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), stdin: stdin}
 	go d.agentStderr(stderr)
-	pr, pw := io.Pipe()
 	c := &client{d: d, a: a}
-	go a.tap(c, a.in, pw)
-	a.conn = acp.NewClientSideConnection(c, stdin, pr)
+	tap, sdkIn := acptap.Start(stdout, func(u acptap.Update) { d.update(u.SessionID, u.Text, u.Model, u.Thought) })
+	a.tap = tap
+	a.conn = acp.NewClientSideConnection(c, stdin, sdkIn)
 	a.conn.SetLogger(d.log.With("component", "acp"))
 	go func() {
 		err := cmd.Wait()
@@ -478,8 +346,8 @@ func metaString(m map[string]any, key string) string {
 	return s
 }
 
-// SessionUpdate handles updates the tap did not (it handles all it can
-// decode): message and thought chunks become events of the session's run.
+// SessionUpdate handles updates the tap (acptap) did not (it handles all
+// it can decode): message and thought chunks become events of the session's run.
 func (c *client) SessionUpdate(ctx context.Context, n acp.SessionNotification) error {
 	var text string
 	var meta map[string]any

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	acp "github.com/coder/acp-go-sdk"
 )
@@ -32,7 +31,7 @@ func runTestAgent(mode string) {
 			}
 		}
 	}
-	a := &testAgent{load: mode == "load", cancels: map[acp.SessionId]context.CancelFunc{}}
+	a := &testAgent{load: mode == "load", cancels: map[acp.SessionId]context.CancelFunc{}, paired: make(chan struct{})}
 	a.conn = acp.NewAgentSideConnection(a, os.Stdout, os.Stdin)
 	<-a.conn.Done()
 	os.Exit(0)
@@ -45,6 +44,10 @@ type testAgent struct {
 	mu      sync.Mutex
 	n       int
 	cancels map[acp.SessionId]context.CancelFunc
+	// pairs counts the pairperm prompts that have begun; paired is closed
+	// when the second begins.
+	pairs  int
+	paired chan struct{}
 }
 
 func (a *testAgent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
@@ -167,6 +170,13 @@ func (a *testAgent) elicit(ctx context.Context, sid acp.SessionId, withMeta bool
 	}
 }
 
+// roundTrip makes a request the daemon answers at once (it offers no file
+// system: method not found). The daemon reads the agent's output in order,
+// so its answer means it has handled every line the agent wrote before.
+func (a *testAgent) roundTrip(ctx context.Context, sid acp.SessionId) {
+	a.conn.ReadTextFile(ctx, acp.ReadTextFileRequest{SessionId: sid, Path: "/"})
+}
+
 func endTurn() acp.PromptResponse { return acp.PromptResponse{StopReason: acp.StopReasonEndTurn} }
 
 // Prompt runs the script named by the prompt's first word.
@@ -216,8 +226,19 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 		second := a.permission(ctx, sid)
 		a.say(ctx, sid, "", first+" "+second)
 		return endTurn(), nil
-	case "sleepperm":
-		time.Sleep(300 * time.Millisecond)
+	case "pairperm":
+		// Asks only once two pairperm prompts run at once, so both turns
+		// have started before either pauses.
+		a.mu.Lock()
+		if a.pairs++; a.pairs == 2 {
+			close(a.paired)
+		}
+		a.mu.Unlock()
+		select {
+		case <-a.paired:
+		case <-ctx.Done():
+			return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
+		}
 		a.say(ctx, sid, "", "permission: "+a.permission(ctx, sid))
 		return endTurn(), nil
 	case "ask":
@@ -240,7 +261,9 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 		return endTurn(), nil
 	case "crash":
 		a.say(ctx, sid, "", "about to crash")
-		time.Sleep(50 * time.Millisecond)
+		// Exit only once the daemon has read that line: exiting with it
+		// still in the pipe could lose it when the daemon reaps the process.
+		a.roundTrip(ctx, sid)
 		os.Exit(3)
 	case "hang":
 		a.say(ctx, sid, "", "hanging")
@@ -262,11 +285,13 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 			a.say(ctx, sid, "m", "x")
 		}
 		return endTurn(), nil
-	case "slowstream":
+	case "altstream":
+		// Each delta names another model than the one before it, so the
+		// daemon never merges two into one event, however far its
+		// consumer lags.
 		n, _ := strconv.Atoi(rest)
 		for i := 0; i < n; i++ {
-			a.say(ctx, sid, "m", "x")
-			time.Sleep(2 * time.Millisecond)
+			a.say(ctx, sid, []string{"m1", "m2"}[i%2], "x")
 		}
 		return endTurn(), nil
 	case "rawstream":

@@ -12,6 +12,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // BenchmarkEventsThroughDaemon streams b.N text events from the agent
@@ -98,13 +99,23 @@ func BenchmarkPausedRunMemory(b *testing.B) {
 	b.ReportMetric(float64(runtime.NumGoroutine())/float64(b.N), "goroutines/paused-run")
 }
 
+// memInUse is the heap and goroutine stacks in use once the goroutines
+// that are ending (those of closed connections) have ended: their number
+// no longer falls between two looks.
 func memInUse() int64 {
+	n, looks := runtime.NumGoroutine(), 0
+	testutil.Poll(time.Second, func() bool {
+		runtime.GC()
+		m := runtime.NumGoroutine()
+		looks++
+		settled := looks > 1 && m >= n
+		n = m
+		return settled
+	})
 	var m runtime.MemStats
 	for range 2 {
 		runtime.GC()
 	}
-	time.Sleep(50 * time.Millisecond)
-	runtime.GC()
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse + m.StackInuse)
 }

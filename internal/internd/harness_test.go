@@ -3,18 +3,20 @@ package internd_test
 import (
 	"context"
 	"errors"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -57,38 +59,14 @@ func startEnv(t testing.TB, cfg internd.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(d.Handler())
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Close()
-		d.Close()
-	})
+	t.Cleanup(func() { d.Close() }) // after the server has closed
+	srv := testutil.ServeH2C(t, d.Handler())
 	return &env{d: d, srv: srv, c: newClient(srv.URL, secret), cfg: cfg}
 }
 
 // newClient speaks h2c (prior knowledge) and sends the bearer secret.
 func newClient(url, tok string) interndv1connect.InternDaemonServiceClient {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: bearer{tok: tok, rt: &http.Transport{Protocols: &p}}}
-	return interndv1connect.NewInternDaemonServiceClient(hc, url)
-}
-
-type bearer struct {
-	tok string
-	rt  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	if b.tok != "" {
-		r.Header.Set("Authorization", "Bearer "+b.tok)
-	}
-	return b.rt.RoundTrip(r)
+	return interndv1connect.NewInternDaemonServiceClient(testutil.H2CClient(tok), url)
 }
 
 type receiver[T any] interface {
@@ -163,17 +141,26 @@ func (e *env) status(t testing.TB) *pb.StatusResponse {
 // waitStatus polls Status until ok holds.
 func (e *env) waitStatus(t testing.TB, what string, ok func(*pb.StatusResponse) bool) *pb.StatusResponse {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		st := e.status(t)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never reached %s: %v", what, st)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var st *pb.StatusResponse
+	if !testutil.Poll(15*time.Second, func() bool { st = e.status(t); return ok(st) }) {
+		t.Fatalf("status never reached %s: %v", what, st)
 	}
+	return st
+}
+
+// attachOnceFree attaches to a run as soon as its former consumer has
+// detached: until the daemon notices that consumer left, a second
+// attachment is refused 409 attachment_failed.
+func (e *env) attachOnceFree(t testing.TB, session, run string, from uint64) ([]*pb.RunEvent, error) {
+	t.Helper()
+	var evs []*pb.RunEvent
+	var err error
+	testutil.Poll(10*time.Second, func() bool {
+		evs, err = e.attach(t, session, run, from)
+		ae := apierr.FromConnect(err)
+		return err == nil || ae.Status != 409 || ae.Reason != "attachment_failed"
+	})
+	return evs, err
 }
 
 // wantErr checks a daemon error's HTTP status and reason.
@@ -202,6 +189,18 @@ func finish(t testing.TB, evs []*pb.RunEvent) *pb.Finished {
 		t.Fatalf("stream does not end with Finished: %v", evs)
 	}
 	return evs[len(evs)-1].GetFinished()
+}
+
+// runEnded is how a cancelled run ends.
+var runEnded = &pb.Finished{Reason: pb.Finished_REASON_ENDED, Code: 410, ErrorReason: "run_ended"}
+
+// checkFinished diffs how a run finished (reason, code, error reason; not
+// the message) against want.
+func checkFinished(t testing.TB, what string, got, want *pb.Finished) {
+	t.Helper()
+	if d := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&pb.Finished{}, "message")); d != "" {
+		t.Fatalf("%s: Finished (-want +got):\n%s", what, d)
+	}
 }
 
 func started(t testing.TB, evs []*pb.RunEvent) *pb.Started {

@@ -6,8 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -167,7 +167,7 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		args, err := httptool.DecodeArgs(req.Params.Arguments)
 		if err != nil {
-			return toolError(err.Error()), nil
+			return toolError(apierr.From(err).Message), nil
 		}
 		t.d.mu.Lock()
 		var r *run
@@ -180,8 +180,9 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 		}
 		if err := httptool.Check(args); err != nil {
 			// Never ask the caller to approve a request that cannot go.
-			t.d.log.Info("http_request refused", "run", r.id, "secrets", httptool.SecretNames(args), "reason", err.Error())
-			return toolError(err.Error()), nil
+			e := apierr.From(err)
+			t.d.log.Info("http_request refused", "run", r.id, "secrets", httptool.SecretNames(args), "status", e.Status, "reason", e.Reason, "message", e.Message)
+			return toolError(e.Message), nil
 		}
 		if len(httptool.SecretNames(args)) > 0 && r.mode == pb.ApprovalMode_APPROVAL_MODE_MANUAL {
 			t.d.mu.Lock()
@@ -203,13 +204,17 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 			return t.release(ctx, r.id, name, host)
 		})
 		if err != nil {
+			e := apierr.From(err)
+			if e.Bug {
+				apierr.LogFault(ctx, t.d.log, e, slog.String("tool", httptool.Name), slog.String("run", r.id))
+			}
 			if names := httptool.SecretNames(args); len(names) > 0 {
 				// A record of every refused request that named secrets,
 				// including those refused before the vault was asked (no
 				// value is ever in the message).
-				t.d.log.Info("http_request refused", "run", r.id, "secrets", names, "reason", err.Error())
+				t.d.log.Info("http_request refused", "run", r.id, "secrets", names, "status", e.Status, "reason", e.Reason, "message", e.Message)
 			}
-			return toolError(err.Error()), nil
+			return toolError(e.Message), nil
 		}
 		b, err := json.Marshal(res)
 		if err != nil {
@@ -223,16 +228,17 @@ func (t *tools) handler(s *session) mcp.ToolHandler {
 // vault's (safe for the model: which secret, which host, why).
 func (t *tools) release(ctx context.Context, runID, name, host string) (string, error) {
 	if t.gw == nil {
-		return "", errors.New("this intern has no vault connection (the daemon was started without a gateway URL)")
+		return "", apierr.New(http.StatusBadGateway, "", "this intern has no vault connection (the daemon was started without a gateway URL)")
 	}
 	res, err := t.gw.ReleaseSecret(ctx, connect.NewRequest(&cohortv1.ReleaseSecretRequest{InternId: t.d.cfg.InternID, Name: name, Host: host, RunId: runID}))
 	if err != nil {
 		e := apierr.FromConnect(err)
 		if e.Status >= 500 || e.Status == http.StatusUnauthorized {
 			t.d.log.Error("vault release failed", "secret", name, "host", host, "status", e.Status, "err", err)
-			return "", errors.New("the vault could not be reached or refused this intern; try again later")
+			return "", apierr.New(http.StatusBadGateway, "", "the vault could not be reached or refused this intern; try again later")
 		}
-		return "", errors.New(e.Message)
+		// The vault's refusal: its status, reason and message.
+		return "", &apierr.Error{Status: e.Status, Reason: e.Reason, Message: e.Message}
 	}
 	return res.Msg.GetValue(), nil
 }

@@ -236,3 +236,65 @@ func (c *catalog) Check(agent string) error {
 	}
 	return errors.New("agent must be one of " + strings.Join(names, ", ") + ", not " + strconv.Quote(agent))
 }
+
+// TestAuthenticateSeesWhatLoadSees: the chat door's one query
+// (Authenticate) and Load apply the one visibility rule; for every kind of
+// key and intern they find the same rows.
+func TestAuthenticateSeesWhatLoadSees(t *testing.T) {
+	t.Parallel()
+	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
+		ctx := context.Background()
+		s := e.Server.Interns
+		name := "Second"
+		w2, err := e.Server.Workspaces.Create(ctx, e.Operator(), &cohortv1.CreateWorkspaceRequest{Name: &name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := s.Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{Name: "other", WorkspaceId: w2.GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone, err := s.Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{Name: "gone", WorkspaceId: e.WorkspaceID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Delete(ctx, e.Operator(), gone.GetId()); err != nil {
+			t.Fatal(err)
+		}
+		keys := map[string]string{
+			"management":            e.ManagementKey,
+			"workspace":             e.WorkspaceKey,
+			"other workspace":       e.NewKey(t, "workspace", w2.GetId()),
+			"personal":              e.NewKey(t, "personal", e.WorkspaceID),
+			"personal, other space": e.NewKey(t, "personal", w2.GetId()),
+		}
+		ids := map[string]string{"demo": e.InternID, "other workspace's": other.GetId(), "deleted": gone.GetId(),
+			"missing": "00000000-0000-0000-0000-000000000000"}
+		seen := 0
+		for kn, key := range keys {
+			for in, id := range ids {
+				p, pl, err := s.Authenticate(ctx, e.Server.Auth, "Bearer "+key, id)
+				if err != nil {
+					t.Fatalf("%s key: %v", kn, err)
+				}
+				joined, jerr := pl.Get(p)
+				loaded, lerr := s.Load(ctx, p, id)
+				if (jerr == nil) != (lerr == nil) || (lerr != nil && jerr.Error() != lerr.Error()) {
+					t.Errorf("%s key, %s intern: Authenticate %v, Load %v", kn, in, jerr, lerr)
+					continue
+				}
+				if lerr == nil {
+					seen++
+					if joined.ID != loaded.ID || joined.WorkspaceID != loaded.WorkspaceID || joined.State != loaded.State {
+						t.Errorf("%s key, %s intern: rows differ: %+v, %+v", kn, in, joined, loaded)
+					}
+				}
+			}
+		}
+		// management: demo and the other workspace's; workspace and
+		// personal keys: their own workspace's intern.
+		if seen != 2+1+1+1+1 {
+			t.Errorf("%d interns seen, want 6", seen)
+		}
+	})
+}

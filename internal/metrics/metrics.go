@@ -76,7 +76,7 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// Request counts one finished HTTP request (httpx.AccessLog's observer).
+// Request counts one finished HTTP request (accesslog.Handler's observer).
 // route is the mux pattern that served it ("" when none did: "unmatched").
 func (m *Metrics) Request(route, method string, status int, took time.Duration) {
 	if route == "" {

@@ -7,7 +7,7 @@ import (
 )
 
 // TestDaemonCallsSendTheirBodyAtOnce guards the daemon client's
-// httpx.CoalescingDialer, which holds a request's headers until its body is
+// h2coalesce.Dialer, which holds a request's headers until its body is
 // written: that is only safe while no daemon method streams from the
 // client (its headers could wait for a message not yet sent).
 func TestDaemonCallsSendTheirBodyAtOnce(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // localEnv is a gateway over db with a local provisioner (chat going
@@ -91,25 +92,25 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		}
 		e, prov := fleetEnv(t, db, func(p *provision.Provisioner) { p.Sweep = sweep })
 		ctx := context.Background()
-		waitFor(t, "the bootstrap intern runs", func() bool { return state(t, db, e.InternID) == store.InternRunning })
+		testutil.Eventually(t, waitLimit, "the bootstrap intern runs", func() bool { return state(t, db, e.InternID) == store.InternRunning })
 
 		created, err := cli(db).Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{WorkspaceId: e.WorkspaceID, Name: "from-cli"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		id := created.GetId()
-		waitFor(t, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
 
 		pid := prov.DaemonPID(id)
 		if _, err := cli(db).Suspend(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the suspended intern's daemon stops", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
+		testutil.Eventually(t, waitLimit, "the suspended intern's daemon stops", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
 
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
 
 		// Suspended and resumed before the gateway looks: nothing to stop,
 		// and the row must not stay provisioning (it used to, for good).
@@ -119,13 +120,13 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
 
 		pid = prov.DaemonPID(id)
 		if _, err := cli(db).Delete(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the deleted intern's daemon and directory go", func() bool {
+		testutil.Eventually(t, waitLimit, "the deleted intern's daemon and directory go", func() bool {
 			_, err := os.Stat(filepath.Join(prov.DataDir, "interns", id))
 			return prov.DaemonPID(id) == 0 && !alive(pid) && os.IsNotExist(err)
 		})
@@ -157,7 +158,7 @@ func TestSleepAndWake(t *testing.T) {
 			p.Sweep = 100 * time.Millisecond
 		})
 		id := e.InternID
-		waitFor(t, "running", func() bool { return state(t, db, id) == store.InternRunning })
+		testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
 		out := chatTurn(t, e, id, `{"stream":true,"messages":[{"role":"user","content":"remember me"}]}`)
 		m := sessionRE.FindStringSubmatch(out)
 		if m == nil {
@@ -165,7 +166,7 @@ func TestSleepAndWake(t *testing.T) {
 		}
 		session := m[1]
 		pid := prov.DaemonPID(id)
-		waitFor(t, "asleep", func() bool { return state(t, db, id) == store.InternSleeping && prov.DaemonPID(id) == 0 && !alive(pid) })
+		testutil.Eventually(t, waitLimit, "asleep", func() bool { return state(t, db, id) == store.InternSleeping && prov.DaemonPID(id) == 0 && !alive(pid) })
 		if _, err := os.Stat(filepath.Join(prov.DataDir, "interns", id, "sessions")); err != nil {
 			t.Fatalf("the sessions went with the jail: %v", err)
 		}
@@ -199,7 +200,7 @@ func TestSleepAndWake(t *testing.T) {
 		if !strings.Contains(out, "held") {
 			t.Fatalf("the reply did not finish the run: %s", out)
 		}
-		waitFor(t, "asleep after the run", func() bool { return state(t, db, id) == store.InternSleeping })
+		testutil.Eventually(t, waitLimit, "asleep after the run", func() bool { return state(t, db, id) == store.InternSleeping })
 
 		// Concurrent turns to the sleeping intern wake it once.
 		before := strings.Count(e.Logs(), "intern daemon running")
@@ -244,7 +245,7 @@ func TestMaxAwakeEvictsTheLeastRecentlyUsed(t *testing.T) {
 		return c.GetId()
 	}
 	b := mk("b")
-	waitFor(t, "two awake", func() bool { return state(t, db, a) == store.InternRunning && state(t, db, b) == store.InternRunning })
+	testutil.Eventually(t, waitLimit, "two awake", func() bool { return state(t, db, a) == store.InternRunning && state(t, db, b) == store.InternRunning })
 	chatTurn(t, e, a, `{"stream":true,"messages":[{"role":"user","content":"a is used last"}]}`)
 
 	c := mk("c")
@@ -285,11 +286,11 @@ func TestFailedWakeDoesNotWedge(t *testing.T) {
 	})
 	ctx := context.Background()
 	id := e.InternID
-	waitFor(t, "running", func() bool { return state(t, db, id) == store.InternRunning })
+	testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
 	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
+	testutil.Eventually(t, waitLimit, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
 	// Break the intern: a file where its directory was.
 	dir := filepath.Join(prov.DataDir, "interns", id)
 	if err := os.Rename(dir, dir+".away"); err != nil {

@@ -43,7 +43,8 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/h2coalesce"
+	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
@@ -169,8 +170,8 @@ func (p *Provisioner) init() {
 		// headers and request in one write over h2c (every daemon method is
 		// unary or server-streaming; under TLS it sees only records and
 		// passes them through).
-		p.client = &http.Client{Transport: httpx.LookaheadTransport{RoundTripper: telemetry.Transport(&http.Transport{Protocols: &protos,
-			DialContext:         httpx.CoalescingDialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+		p.client = &http.Client{Transport: lookahead.Transport{RoundTripper: telemetry.Transport(&http.Transport{Protocols: &protos,
+			DialContext:         h2coalesce.Dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second})}}
 	})
 }

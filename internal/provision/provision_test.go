@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 var build struct {
@@ -74,16 +74,8 @@ func loadIntern(t *testing.T, db *bun.DB, id string) *store.Intern {
 	return &in
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// waitLimit bounds every wait of these tests for the fleet to act.
+const waitLimit = 45 * time.Second
 
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
@@ -121,7 +113,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if err := prov.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
+		testutil.Eventually(t, waitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
 		// The daemon is told where the gateway's vault is (in a jail: the
 		// gateway relay), and a jailed one runs under the jail's init.
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", prov.DaemonPID(id)))
@@ -150,9 +142,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 			t.Fatalf("data directory: %v", err)
 		}
 		// The daemon refuses calls without its secret.
-		var protos http.Protocols
-		protos.SetUnencryptedHTTP2(true)
-		res, err := (&http.Client{Transport: &http.Transport{Protocols: &protos}}).Post(in.DaemonURL+"/cohort.internd.v1.InternDaemonService/Status", "application/json", strings.NewReader("{}"))
+		res, err := testutil.H2CClient("").Post(in.DaemonURL+"/cohort.internd.v1.InternDaemonService/Status", "application/json", strings.NewReader("{}"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +157,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 			t.Fatalf("no daemon process (%d)", pid)
 		}
 		syscall.Kill(pid, syscall.SIGKILL)
-		waitFor(t, "restart", func() bool {
+		testutil.Eventually(t, waitLimit, "restart", func() bool {
 			n := prov.DaemonPID(id)
 			if n == 0 || n == pid {
 				return false
@@ -181,7 +171,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if _, err := e.Server.Interns.Update(ctx, e.Operator(), &cohortv1.UpdateInternRequest{Id: id, Model: &model}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "new model", func() bool {
+		testutil.Eventually(t, waitLimit, "new model", func() bool {
 			st, err := status(t, prov, loadIntern(t, db, id))
 			return err == nil && st.GetModel() == model
 		})
@@ -191,7 +181,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "daemon stopped", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
+		testutil.Eventually(t, waitLimit, "daemon stopped", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
 		_, err = prov.Client(ctx, loadIntern(t, db, id))
 		if !apierr.Is(err, 409, "intern_not_ready") {
 			t.Fatalf("suspended intern: %v", err)
@@ -201,7 +191,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "running again", func() bool {
+		testutil.Eventually(t, waitLimit, "running again", func() bool {
 			_, err := status(t, prov, loadIntern(t, db, id))
 			return err == nil
 		})
@@ -211,7 +201,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "second running", func() bool { return loadIntern(t, db, created.GetId()).State == store.InternRunning })
+		testutil.Eventually(t, waitLimit, "second running", func() bool { return loadIntern(t, db, created.GetId()).State == store.InternRunning })
 		if a, b := loadIntern(t, db, id), loadIntern(t, db, created.GetId()); a.DaemonURL == b.DaemonURL || a.DaemonSecret == b.DaemonSecret {
 			t.Fatal("two interns share a daemon or a secret")
 		}
@@ -221,7 +211,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if _, err := e.Server.Interns.Delete(ctx, e.Operator(), created.GetId()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "deleted daemon stopped", func() bool {
+		testutil.Eventually(t, waitLimit, "deleted daemon stopped", func() bool {
 			_, err := os.Stat(filepath.Join(dataDir, "interns", created.GetId()))
 			return !alive(pid) && os.IsNotExist(err)
 		})
@@ -236,14 +226,8 @@ func startDaemon(t *testing.T, secret string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(d.Handler())
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(func() { srv.Close(); d.Close() })
-	return srv.URL
+	t.Cleanup(func() { d.Close() }) // after the server has closed
+	return testutil.ServeH2C(t, d.Handler()).URL
 }
 
 func TestRemoteRegister(t *testing.T) {
@@ -338,6 +322,6 @@ func TestRemoteRegister(t *testing.T) {
 		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), e.InternID); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "resumed remote running", func() bool { return loadIntern(t, db, e.InternID).State == store.InternRunning })
+		testutil.Eventually(t, waitLimit, "resumed remote running", func() bool { return loadIntern(t, db, e.InternID).State == store.InternRunning })
 	})
 }

@@ -4,32 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cohort-dev/cohort/internal/ratelimit"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 func TestMemoryBurstThenRefill(t *testing.T) {
 	t.Parallel()
-	c := &clock{t: time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)}
+	c := testutil.NewClock(time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC))
 	// 6 a minute = one every 10 s, bursts of 3.
-	l, err := ratelimit.NewMemory(ratelimit.Rate{Events: 6, Period: time.Minute, Burst: 3}, c.now)
+	l, err := ratelimit.NewMemory(ratelimit.Rate{Events: 6, Period: time.Minute, Burst: 3}, c.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +35,11 @@ func TestMemoryBurstThenRefill(t *testing.T) {
 	if ok, _, _ := l.Allow(ctx, "b"); !ok {
 		t.Fatal("key b refused")
 	}
-	c.add(9 * time.Second)
+	c.Add(9 * time.Second)
 	if ok, retry, _ := l.Allow(ctx, "a"); ok || retry != time.Second {
 		t.Fatalf("after 9s: ok=%v retry=%v, want refused with 1s", ok, retry)
 	}
-	c.add(time.Second)
+	c.Add(time.Second)
 	if ok, _, _ := l.Allow(ctx, "a"); !ok {
 		t.Fatal("after 10s: refused, want one event allowed")
 	}
@@ -59,7 +47,7 @@ func TestMemoryBurstThenRefill(t *testing.T) {
 		t.Fatal("second event after 10s allowed")
 	}
 	// A long pause refills the burst, and no more.
-	c.add(time.Hour)
+	c.Add(time.Hour)
 	for i := range 3 {
 		if ok, _, _ := l.Allow(ctx, "a"); !ok {
 			t.Fatalf("refilled burst event %d refused", i+1)

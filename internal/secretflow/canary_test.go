@@ -1,7 +1,6 @@
 package secretflow_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -30,6 +29,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // TestMain lets the test binary run the built-in agent (the daemon starts
@@ -53,24 +53,6 @@ func TestMain(m *testing.M) {
 }
 
 const model = "scripted/model"
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // boundHost stands in for api.example.com (its certificate covers
 // *.example.com) and records every request it receives.
@@ -112,7 +94,7 @@ type flow struct {
 	e        *testenv.Env
 	up       *agenttest.Upstream
 	host     *boundHost
-	daemonLg *syncBuffer
+	daemonLg *testutil.SyncBuffer
 	dataDir  string
 	daemon   *internd.Daemon
 	// agentKind and stop let a test restart the daemon.
@@ -132,7 +114,7 @@ func newFlow(t *testing.T, db *bun.DB, steps ...agenttest.Step) *flow {
 func newFlowWith(t *testing.T, db *bun.DB, agentKind string, steps ...agenttest.Step) *flow {
 	t.Helper()
 	e := testenv.New(t, db)
-	f := &flow{e: e, up: agenttest.NewUpstream(t, steps...), host: newBoundHost(t), daemonLg: &syncBuffer{}, dataDir: t.TempDir()}
+	f := &flow{e: e, up: agenttest.NewUpstream(t, steps...), host: newBoundHost(t), daemonLg: &testutil.SyncBuffer{}, dataDir: t.TempDir()}
 	f.agentKind = agentKind
 	f.startDaemon(t)
 	return f
@@ -158,12 +140,7 @@ func (f *flow) startDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(d.Handler())
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
+	srv := testutil.ServeH2C(t, d.Handler())
 	f.stop = func() {
 		srv.Close()
 		d.Close()

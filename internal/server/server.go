@@ -1,37 +1,46 @@
-// Package server assembles the gateway: it wires the domain services to
-// their Connect and REST doors under /api/v1, plus health checks.
+// Package server assembles the gateway: New builds every service from the
+// typed configuration, wired to its Connect and REST doors under /api/v1
+// (routes.go declares each with what it admits), plus health checks.
 package server
 
 import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/uptrace/bun"
 
-	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/accounts"
-	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/federation"
-	"github.com/cohort-dev/cohort/internal/httpx"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/streamdeadline"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
-	"github.com/cohort-dev/cohort/web"
 )
 
 // Prefix is the version prefix every API path carries.
 const Prefix = "/api/v1"
 
-// Server holds the gateway's services.
+// UnsafeSharedHostWarning is logged at start and reported by /readyz when
+// local interns run unjailed (config.Config.UnsafeSharedHost).
+const UnsafeSharedHostWarning = "--unsafe-shared-host: interns run unjailed as the gateway's user on its host; anyone holding a workspace key can read the gateway's keys, database and other interns"
+
+// Server holds the gateway's services, wired by New.
 type Server struct {
 	DB         *bun.DB
 	Log        *slog.Logger
@@ -40,103 +49,228 @@ type Server struct {
 	Accounts   *accounts.Service
 	Workspaces *workspaces.Service
 	Interns    *interns.Service
-	// Provisioner hosts interns' daemons and dials them (the chat gateway
-	// uses its Client). Nil until cmd/cohort (or a test) sets it, together
-	// with Interns.Lifecycle.
+	// Provisioner hosts interns' daemons and dials them: it is Interns'
+	// Lifecycle and Chat's Daemons. Nil when the configuration names no
+	// provisioner.
 	Provisioner *provision.Provisioner
 	Vault       *vault.Service
-	// Chat is the chat orchestration; its Daemons is set by the provisioner.
+	// Chat is the chat orchestration.
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.
 	ChatSSE    sse.Options
 	Federation *federation.Service
 	// Warning, when set, is reported by /readyz (interns run unjailed).
 	Warning string
-	// Metrics, when set, counts every request (serve --metrics-listen).
+	// Metrics counts every request and what the services do; nil unless
+	// the configuration has a metrics listener (serve serves its Handler).
 	Metrics *metrics.Metrics
+
+	stopRun context.CancelFunc
+	closers []func() error
 }
 
-// New builds the services over db, with kek wrapping the service's own keys.
-func New(db *bun.DB, kek *envelope.KEK, log *slog.Logger) *Server {
+// Deps are what cmd/cohort opens before the gateway is built, the outside
+// world: the database, the key-encryption key, the listener's address, and
+// for the local and Kubernetes provisioners the jail's relays or the
+// cluster. DB, KEK and Log are required.
+type Deps struct {
+	DB *bun.DB
+	// Reads, when set, serves token exchanges beside DB's one writer
+	// connection (SQLite in WAL mode).
+	Reads *sql.DB
+	KEK   *envelope.KEK
+	Log   *slog.Logger
+	// GatewayURL is where local daemons reach the API (the listener, on
+	// loopback), passed to each: their http_request tool's vault.
+	GatewayURL string
+	// Jail jails every local intern: required with the local provisioner
+	// unless the configuration allows UnsafeSharedHost.
+	Jail *provision.JailConfig
+	// Kube is the cluster of the Kubernetes provisioner, connected.
+	Kube *provision.KubeConfig
+}
+
+// New builds the whole gateway from cfg over d: every service, its limits
+// (in memory, or on Redis when cfg.RedisURL is set), the federation's
+// outbound client, the provisioner cfg names (its jail probed), the metrics
+// hooks, and the routes, each checked to declare what it admits. Nothing
+// runs until Start; Close releases what New opened. Errors about a setting
+// name its flag.
+func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) {
+	if d.DB == nil || d.KEK == nil || d.Log == nil {
+		return nil, errors.New("server: DB, KEK and Log are required")
+	}
+	turnRate, err := ratelimit.ParseRate(cfg.TurnRate)
+	if err != nil {
+		return nil, fmt.Errorf("--turn-rate: %w", err)
+	}
+	exchangeRate, err := ratelimit.ParseRate(cfg.ExchangeRate)
+	if err != nil {
+		return nil, fmt.Errorf("--exchange-rate: %w", err)
+	}
+	roots, err := safehttp.ExtraRootsFromFile(cfg.ExtraCAFile)
+	if err != nil {
+		return nil, err
+	}
+	idpAllow, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
+	}
+	catalog, err := cfg.Catalog()
+	if err != nil {
+		return nil, err
+	}
+	switch cfg.Provisioner {
+	case "", provision.Local, provision.Remote:
+	case provision.Kubernetes:
+		if d.Kube == nil {
+			return nil, errors.New("server: the kubernetes provisioner needs its cluster (Deps.Kube)")
+		}
+	default:
+		return nil, fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
+	}
+	if cfg.Provisioner == provision.Local && d.Jail == nil && !cfg.UnsafeSharedHost {
+		return nil, errors.New("server: the local provisioner jails every intern (Deps.Jail) unless UnsafeSharedHost allows otherwise")
+	}
+
+	db, log := d.DB, d.Log
 	ins := &interns.Service{DB: db}
-	fed := federation.New(db, kek, log)
-	return &Server{
-		DB:  db,
-		Log: log,
-		KEK: kek,
-		// Chat is the inference route: the one that takes federation access tokens.
-		Auth: &auth.Authenticator{DB: db, Tokens: fed, AccessTokenProcedures: map[string]bool{
-			cohortv1connect.ChatServiceStreamChatCompletionProcedure: true,
-		}},
+	if cfg.AgentModules != "" || len(catalog.Custom) > 0 {
+		// Without either, the catalog holds the built-in agent alone: nil
+		// says so.
+		ins.Agents = catalog
+	}
+	fed := federation.New(db, d.KEK, log)
+	s := &Server{
+		DB:         db,
+		Log:        log,
+		KEK:        d.KEK,
+		Auth:       &auth.Authenticator{DB: db, Tokens: fed},
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    ins,
-		Vault:      &vault.Service{DB: db, KEK: kek, Interns: ins},
-		Chat:       &chat.Service{Interns: ins, Limiter: mustMemoryLimiter(chat.DefaultTurnRate), Log: log},
+		Vault:      &vault.Service{DB: db, KEK: d.KEK, Interns: ins, RegionalHosts: cfg.RegionalHosts},
+		Chat: &chat.Service{Interns: ins, Log: log,
+			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout},
+		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
 		Federation: fed,
 	}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if _, err := checkRoutes(s.routes()); err != nil {
+		return nil, err
+	}
+
+	fed.Reads = d.Reads
+	fed.Config.TokenIssuer = cfg.TokenIssuer
+	fed.Config.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots, Allow: idpAllow})
+	// Chat turns and token exchanges are counted in memory, or in Redis so
+	// that every replica counts the same.
+	if cfg.RedisURL == "" {
+		if s.Chat.Limiter, err = ratelimit.NewMemory(turnRate, nil); err != nil {
+			return nil, fmt.Errorf("--turn-rate: %w", err)
+		}
+		if fed.Config.Limiter, err = ratelimit.NewMemory(exchangeRate, nil); err != nil {
+			return nil, fmt.Errorf("--exchange-rate: %w", err)
+		}
+	} else {
+		rdb, err := ratelimit.OpenRedis(ctx, cfg.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, rdb.Close)
+		if s.Chat.Limiter, err = ratelimit.NewRedis(rdb, "cohort:turn:", turnRate); err != nil {
+			return nil, fmt.Errorf("--turn-rate: %w", err)
+		}
+		if fed.Config.Limiter, err = ratelimit.NewRedis(rdb, "cohort:exchange:", exchangeRate); err != nil {
+			return nil, fmt.Errorf("--exchange-rate: %w", err)
+		}
+	}
+
+	if cfg.Provisioner != "" {
+		prov := &provision.Provisioner{DB: db, KEK: d.KEK, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
+			GatewayURL: d.GatewayURL, AgentCommand: cfg.AgentCommand,
+			IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
+			InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile}
+		// A third-party agent's model key is a vault secret of its intern,
+		// released per request to the model relay (audited).
+		prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
+			return s.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
+		}
+		switch cfg.Provisioner {
+		case provision.Kubernetes:
+			prov.Kube = d.Kube
+		case provision.Local:
+			if d.Jail == nil {
+				log.Warn(UnsafeSharedHostWarning)
+				s.Warning = UnsafeSharedHostWarning
+				break
+			}
+			prov.Jail = d.Jail
+			if err := prov.ProbeJail(); err != nil {
+				return nil, fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
+			}
+		}
+		s.Provisioner, ins.Lifecycle, s.Chat.Daemons = prov, prov, prov
+		s.closers = append(s.closers, func() error { prov.Close(); return nil })
+	}
+
+	if cfg.MetricsListen != "" {
+		// Every hook is set here, before anything (Start) can call it.
+		m := metrics.New(db)
+		s.Metrics, s.Chat.Observer, fed.OnExchange, s.Vault.Observe = m, m, m.Exchange, m.Vault
+		if s.Provisioner != nil {
+			s.Provisioner.OnWake, s.Provisioner.OnKubeCall = m.Wake, m.KubeCall
+		}
+	}
+	return s, nil
 }
 
-// Handler returns the gateway's HTTP handler.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.ConnectInterceptor())
-	mount := func(path string, h http.Handler) {
-		mux.Handle(Prefix+path, http.StripPrefix(Prefix, h))
+// Start starts the gateway's own work: the provisioner (the daemons of
+// local interns, the fleet's reconciler) and federation's periodic work
+// (signing key rotation, audit retention).
+func (s *Server) Start(ctx context.Context) error {
+	if s.Provisioner != nil {
+		if err := s.Provisioner.Start(ctx); err != nil {
+			return fmt.Errorf("start interns: %w", err)
+		}
 	}
-	mount(cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, opts))
-	mount(cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, opts))
-	mount(cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, opts))
-	mount(vault.NewConnectHandler(s.Vault, opts))
-	mount(cohortv1connect.NewVaultAdminServiceHandler(vault.AdminHandler{S: s.Vault}, opts))
-	// Interns' daemons authenticate with their own secret, not an API key.
-	mount(vault.NewGatewayHandler(s.Vault, connect.WithInterceptors(apierr.ConnectInterceptor(s.Log))))
+	rctx, cancel := context.WithCancel(ctx)
+	s.stopRun = cancel
+	go s.Federation.Run(rctx)
+	return nil
+}
 
-	ws := workspaces.REST{S: s.Workspaces, Auth: s.Auth}
-	mux.HandleFunc("POST "+Prefix+"/workspaces", ws.Create)
-	vr := vault.REST{S: s.Vault, Auth: s.Auth}
-	mux.HandleFunc("PUT "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.Put)
-	mux.HandleFunc("DELETE "+Prefix+"/vault/interns/{internId}/secrets/{name}", vr.DeleteIntern)
-	mux.HandleFunc("GET "+Prefix+"/vault/interns/{internId}/secrets", vr.ListIntern)
-	mux.HandleFunc("PUT "+Prefix+"/vault/secrets/{name}", vr.PutWorkspace)
-	mux.HandleFunc("DELETE "+Prefix+"/vault/secrets/{name}", vr.DeleteWorkspace)
-	mux.HandleFunc("GET "+Prefix+"/vault/secrets", vr.ListWorkspace)
-	mux.HandleFunc(Prefix+"/vault/", vr.Other)
-	mount(cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, opts, connect.WithReadMaxBytes(chat.MaxBody)))
-	chatREST := chat.REST{S: s.Chat, Auth: s.Auth, SSE: s.ChatSSE}
-	mux.HandleFunc("POST "+Prefix+"/interns/{internId}/chat/completions", chatREST.Completions)
-	mount(cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, opts))
-	fed := federation.REST{S: s.Federation}
-	// Every method reaches the token handler, so that even a 405 carries
-	// its no-store headers and OAuth error body. No bearer auth: the
-	// subject token is the credential.
-	mux.HandleFunc(Prefix+"/oauth/token", fed.Token)
-	mux.HandleFunc("GET "+Prefix+"/oauth/jwks", fed.JWKS)
+// Close stops what Start started and releases what New opened: the
+// provisioner's daemons (a Pod outlives it), the Redis connection. It may
+// be called more than once.
+func (s *Server) Close() {
+	if s.stopRun != nil {
+		s.stopRun()
+	}
+	s.Federation.Close()
+	for _, c := range slices.Backward(s.closers) {
+		c()
+	}
+	s.closers = nil
+}
 
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := s.DB.PingContext(r.Context()); err != nil {
-			s.Log.ErrorContext(r.Context(), "readiness check failed", "err", err)
-			httpx.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
-			return
-		}
-		body := map[string]string{"status": "ready"}
-		if s.Warning != "" {
-			body["warning"] = s.Warning
-		}
-		httpx.WriteJSON(w, http.StatusOK, body)
-	})
-	mux.Handle("/", web.Handler())
-	mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
-		httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
-	})
+// Handler returns the gateway's HTTP handler: the declared routes, each
+// behind what it admits, with the access log and streaming deadlines.
+func (s *Server) Handler() http.Handler {
+	mux, err := s.mux()
+	if err != nil {
+		// New checked these very routes.
+		panic(err)
+	}
 	var observe func(string, string, int, time.Duration)
 	if s.Metrics != nil {
 		observe = s.Metrics.Request
 	}
-	return httpx.AccessLog(s.Log, httpx.StreamDeadlines(mux, sse.DefaultWriteTimeout), observe)
+	return accesslog.Handler(s.Log, streamdeadline.Handler(mux, sse.DefaultWriteTimeout), observe)
 }
 
 // HTTPServer wraps h in an http.Server that speaks HTTP/1.1 and h2c, with
@@ -157,13 +291,4 @@ func HTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-}
-
-// mustMemoryLimiter is an in-process limiter for a rate known to be valid.
-func mustMemoryLimiter(r ratelimit.Rate) ratelimit.Limiter {
-	l, err := ratelimit.NewMemory(r, nil)
-	if err != nil {
-		panic(err)
-	}
-	return l
 }

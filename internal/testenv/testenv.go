@@ -17,6 +17,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/bootstrap"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -35,9 +36,26 @@ type Env struct {
 	AdminUserID string
 }
 
-// New bootstraps db and serves it. configure, if given, adjusts the server
-// before its handler is built.
+// Config is the configuration of a test gateway: serve's defaults, with
+// no provisioner (a test that needs daemons sets its own on the server).
+func Config() config.Config {
+	cfg := config.Default()
+	cfg.Provisioner = ""
+	return cfg
+}
+
+// New bootstraps db and serves it: a gateway built by server.New from
+// Config(), as `cohort serve` builds one. configure, if given, adjusts the
+// server before its handler is built (test doubles: a daemon, a clock, a
+// token verifier).
 func New(t testing.TB, db *bun.DB, configure ...func(*server.Server)) *Env {
+	t.Helper()
+	return NewConfig(t, db, Config(), configure...)
+}
+
+// NewConfig is New with the test's configuration. The server is not
+// started (Start): a test runs what it needs.
+func NewConfig(t testing.TB, db *bun.DB, cfg config.Config, configure ...func(*server.Server)) *Env {
 	t.Helper()
 	ctx := context.Background()
 	res, err := bootstrap.Run(ctx, db)
@@ -53,7 +71,11 @@ func New(t testing.TB, db *bun.DB, configure ...func(*server.Server)) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(db, kek, log)
+	srv, err := server.New(ctx, cfg, server.Deps{DB: db, KEK: kek, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
 	for _, c := range configure {
 		c(srv)
 	}
@@ -123,3 +145,16 @@ func (e *Env) Logs() string { return e.logs.String() }
 
 // HTTPClient is the client to use with connect-go clients against URL.
 func (e *Env) HTTPClient() *http.Client { return e.HTTP.Client() }
+
+// Server builds a gateway over db and kek as `cohort serve` does (from
+// Config(), logging nowhere), closed when the test ends: a second replica
+// over an Env's database, or a server without an Env.
+func Server(t testing.TB, db *bun.DB, kek *envelope.KEK) *server.Server {
+	t.Helper()
+	srv, err := server.New(context.Background(), Config(), server.Deps{DB: db, KEK: kek, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	return srv
+}

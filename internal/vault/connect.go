@@ -18,7 +18,7 @@ var _ cohortv1connect.VaultServiceHandler = Handler{}
 
 // PutInternSecret creates or replaces a secret; see Service.Put.
 func (h Handler) PutInternSecret(ctx context.Context, req *connect.Request[cohortv1.PutInternSecretRequest]) (*connect.Response[cohortv1.PutInternSecretResponse], error) {
-	res, err := h.S.Put(ctx, auth.From(ctx), requestHost(ctx), req.Msg)
+	res, err := h.S.Put(ctx, auth.From(ctx), req.Msg)
 	if err != nil {
 		return nil, err
 	}
@@ -27,27 +27,27 @@ func (h Handler) PutInternSecret(ctx context.Context, req *connect.Request[cohor
 
 // ListInternSecrets lists an intern's secrets; see Service.ListIntern.
 func (h Handler) ListInternSecrets(ctx context.Context, req *connect.Request[cohortv1.ListInternSecretsRequest]) (*connect.Response[cohortv1.ListInternSecretsResponse], error) {
-	return respond(h.S.ListIntern(ctx, auth.From(ctx), requestHost(ctx), req.Msg))
+	return respond(h.S.ListIntern(ctx, auth.From(ctx), req.Msg))
 }
 
 // DeleteInternSecret deletes an intern's secret; see Service.DeleteIntern.
 func (h Handler) DeleteInternSecret(ctx context.Context, req *connect.Request[cohortv1.DeleteInternSecretRequest]) (*connect.Response[cohortv1.DeleteInternSecretResponse], error) {
-	return respond(h.S.DeleteIntern(ctx, auth.From(ctx), requestHost(ctx), req.Msg))
+	return respond(h.S.DeleteIntern(ctx, auth.From(ctx), req.Msg))
 }
 
 // PutWorkspaceSecret creates or replaces a workspace secret; see Service.PutWorkspace.
 func (h Handler) PutWorkspaceSecret(ctx context.Context, req *connect.Request[cohortv1.PutWorkspaceSecretRequest]) (*connect.Response[cohortv1.PutWorkspaceSecretResponse], error) {
-	return respond(h.S.PutWorkspace(ctx, auth.From(ctx), requestHost(ctx), req.Msg))
+	return respond(h.S.PutWorkspace(ctx, auth.From(ctx), req.Msg))
 }
 
 // ListWorkspaceSecrets lists the workspace's secrets; see Service.ListWorkspace.
 func (h Handler) ListWorkspaceSecrets(ctx context.Context, req *connect.Request[cohortv1.ListWorkspaceSecretsRequest]) (*connect.Response[cohortv1.ListWorkspaceSecretsResponse], error) {
-	return respond(h.S.ListWorkspace(ctx, auth.From(ctx), requestHost(ctx), req.Msg))
+	return respond(h.S.ListWorkspace(ctx, auth.From(ctx), req.Msg))
 }
 
 // DeleteWorkspaceSecret deletes a workspace secret; see Service.DeleteWorkspace.
 func (h Handler) DeleteWorkspaceSecret(ctx context.Context, req *connect.Request[cohortv1.DeleteWorkspaceSecretRequest]) (*connect.Response[cohortv1.DeleteWorkspaceSecretResponse], error) {
-	return respond(h.S.DeleteWorkspace(ctx, auth.From(ctx), requestHost(ctx), req.Msg))
+	return respond(h.S.DeleteWorkspace(ctx, auth.From(ctx), req.Msg))
 }
 
 func respond[T any](msg *T, err error) (*connect.Response[T], error) {
@@ -67,24 +67,9 @@ func (h AdminHandler) ListSecretReleases(ctx context.Context, req *connect.Reque
 	return respond(h.S.ListReleases(ctx, auth.From(ctx), req.Msg))
 }
 
-// NewConnectHandler returns the Connect door's path and handler, with the
-// vault's body bound and the request host passed on for the regional gate.
+// NewConnectHandler returns the Connect door's path and handler. The
+// caller's access (Service.Admit, the request's host through
+// auth.WithHost) is declared where it is mounted (internal/server).
 func NewConnectHandler(s *Service, opts ...connect.HandlerOption) (string, http.Handler) {
-	path, h := cohortv1connect.NewVaultServiceHandler(Handler{S: s}, append(opts, connect.WithReadMaxBytes(MaxBody))...)
-	return path, WithRequestHost(h)
-}
-
-type hostKey struct{}
-
-// WithRequestHost passes the request's Host header to the Connect door,
-// which the regional-hostname gate needs and connect-go does not expose.
-func WithRequestHost(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hostKey{}, r.Host)))
-	})
-}
-
-func requestHost(ctx context.Context) string {
-	h, _ := ctx.Value(hostKey{}).(string)
-	return h
+	return cohortv1connect.NewVaultServiceHandler(Handler{S: s}, append(opts, connect.WithReadMaxBytes(MaxBody))...)
 }

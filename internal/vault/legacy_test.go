@@ -42,7 +42,7 @@ func TestLegacyRowIsReadableNeverReleasedAndRebound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := e.Server.Vault.Metadata(ctx, p, "", e.InternID, "old_token")
+		m, err := e.Server.Vault.Metadata(ctx, p, e.InternID, "old_token")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestLegacyRowIsReadableNeverReleasedAndRebound(t *testing.T) {
 		if string(b) != `{"name":"old_token","hosts":null,"fingerprint":null,"created_at":"2025-03-01T12:00:00Z"}` {
 			t.Fatalf("legacy metadata: %s", b)
 		}
-		if _, err := e.Server.Vault.Metadata(ctx, p, "", e.InternID, "never_stored"); !apierr.Is(err, 404, "not_found") {
+		if _, err := e.Server.Vault.Metadata(ctx, p, e.InternID, "never_stored"); !apierr.Is(err, 404, "not_found") {
 			t.Fatalf("missing secret: %v", err)
 		}
 
@@ -77,7 +77,7 @@ func TestLegacyRowIsReadableNeverReleasedAndRebound(t *testing.T) {
 		// Reading is allowed while writes are disabled; writing is not.
 		setEntitlements(t, e, true, false)
 		p, _ = e.Server.Auth.Bearer(ctx, "Bearer "+e.WorkspaceKey)
-		if _, err := e.Server.Vault.Metadata(ctx, p, "", e.InternID, "old_token"); err != nil {
+		if _, err := e.Server.Vault.Metadata(ctx, p, e.InternID, "old_token"); err != nil {
 			t.Fatalf("read with writes disabled: %v", err)
 		}
 	})

@@ -22,10 +22,7 @@ const (
 
 // ListIntern lists the metadata of an intern's secrets, by name. Reads are
 // not writes: the vault-writes switch does not apply.
-func (s *Service) ListIntern(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.ListInternSecretsRequest) (*cohortv1.ListInternSecretsResponse, error) {
-	if err := s.Admit(p, requestHost, false); err != nil {
-		return nil, err
-	}
+func (s *Service) ListIntern(ctx context.Context, p *auth.Principal, req *cohortv1.ListInternSecretsRequest) (*cohortv1.ListInternSecretsResponse, error) {
 	internID, err := parseInternID(req.GetInternId())
 	if err != nil {
 		return nil, err
@@ -46,10 +43,7 @@ func (s *Service) ListIntern(ctx context.Context, p *auth.Principal, requestHost
 }
 
 // ListWorkspace lists the metadata of the key's workspace's secrets.
-func (s *Service) ListWorkspace(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.ListWorkspaceSecretsRequest) (*cohortv1.ListWorkspaceSecretsResponse, error) {
-	if err := s.Admit(p, requestHost, false); err != nil {
-		return nil, err
-	}
+func (s *Service) ListWorkspace(ctx context.Context, p *auth.Principal, req *cohortv1.ListWorkspaceSecretsRequest) (*cohortv1.ListWorkspaceSecretsResponse, error) {
 	limit, err := listLimit(req.GetLimit(), req.GetAfter())
 	if err != nil {
 		return nil, err
@@ -63,10 +57,7 @@ func (s *Service) ListWorkspace(ctx context.Context, p *auth.Principal, requestH
 
 // DeleteIntern deletes one of an intern's secrets. Deleting is a write: it
 // answers 503 while vault writes are disabled.
-func (s *Service) DeleteIntern(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.DeleteInternSecretRequest) (*cohortv1.DeleteInternSecretResponse, error) {
-	if err := s.Admit(p, requestHost, true); err != nil {
-		return nil, err
-	}
+func (s *Service) DeleteIntern(ctx context.Context, p *auth.Principal, req *cohortv1.DeleteInternSecretRequest) (*cohortv1.DeleteInternSecretResponse, error) {
 	internID, err := parseInternID(req.GetInternId())
 	if err != nil {
 		return nil, err
@@ -85,10 +76,7 @@ func (s *Service) DeleteIntern(ctx context.Context, p *auth.Principal, requestHo
 }
 
 // DeleteWorkspace deletes one of the key's workspace's secrets.
-func (s *Service) DeleteWorkspace(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.DeleteWorkspaceSecretRequest) (*cohortv1.DeleteWorkspaceSecretResponse, error) {
-	if err := s.Admit(p, requestHost, true); err != nil {
-		return nil, err
-	}
+func (s *Service) DeleteWorkspace(ctx context.Context, p *auth.Principal, req *cohortv1.DeleteWorkspaceSecretRequest) (*cohortv1.DeleteWorkspaceSecretResponse, error) {
 	if err := CheckName(req.GetName()); err != nil {
 		return nil, err
 	}

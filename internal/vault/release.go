@@ -136,7 +136,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 	row := &f.VaultSecret
 	v := &store.Vault{ID: row.VaultID, OrganizationID: f.VOrg, ScopeKind: f.VScope, OwnerID: f.VOwner, DataKeyset: f.VData, MACKeyset: f.VMAC, CreatedAt: f.VCreated}
 	if v.OrganizationID != in.OrganizationID {
-		return "", ReasonInternal, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", v.ID))
+		return "", ReasonInternal, apierr.Bug("vault %s belongs to another organization than its owner", v.ID)
 	}
 	rec.VaultID, rec.VaultScope = &v.ID, v.ScopeKind
 	if row.Hosts == nil {
@@ -145,7 +145,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 	}
 	var hosts []string
 	if err := json.Unmarshal([]byte(*row.Hosts), &hosts); err != nil {
-		return "", ReasonDecryptFailed, apierr.Internal(fmt.Errorf("vault %s secret %s: hosts do not parse: %w", v.ID, name, err))
+		return "", ReasonDecryptFailed, apierr.Bug("vault %s secret %s: stored hosts do not parse: %w", v.ID, name, err)
 	}
 	if !slices.Contains(hosts, host) {
 		return "", ReasonHostNotAllowed, apierr.New(http.StatusForbidden, "host_not_allowed",

@@ -9,17 +9,18 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/rest"
 )
 
 // REST is the REST door: PUT /api/v1/vault/interns/{internId}/secrets/{name},
 // and every other path under /api/v1/vault/ (so that callers outside the
 // programme get the same plain 404 there too). Errors are
 // {"error":{"code","message","metadata":{"reason"}}}; the 401 and the
-// programme 404 carry no metadata.
+// programme 404 carry no metadata. Each route's caller was authenticated
+// and admitted (Service.Admit) where it is declared (internal/server),
+// before any body is read.
 type REST struct {
-	S    *Service
-	Auth *auth.Authenticator
+	S *Service
 }
 
 // putBody is the request body. Unknown fields are refused.
@@ -47,29 +48,16 @@ func ToJSON(m *cohortv1.SecretMetadata) SecretJSON {
 	return out
 }
 
-// admit authenticates and applies the gates before any body is read.
-func (h REST) admit(w http.ResponseWriter, r *http.Request, write bool) *auth.Principal {
-	p, err := h.Auth.Bearer(r.Context(), r.Header.Get("Authorization"))
-	if err == nil {
-		err = h.S.Admit(p, r.Host, write)
-	}
-	if err != nil {
-		httpx.WriteError(w, r, err, true)
-		return nil
-	}
-	return p
-}
-
 // readPut reads and strictly decodes a PUT body, answering the error itself.
 func readPut(w http.ResponseWriter, r *http.Request) (*putBody, bool) {
-	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
+	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return nil, false
 	}
 	var b putBody
-	if err := httpx.DecodeStrict(body, &b); err != nil {
-		httpx.WriteError(w, r, err, true)
+	if err := rest.DecodeStrict(body, &b); err != nil {
+		rest.WriteError(w, r, err, true)
 		return nil, false
 	}
 	return &b, true
@@ -78,10 +66,7 @@ func readPut(w http.ResponseWriter, r *http.Request) (*putBody, bool) {
 // Put handles PUT /api/v1/vault/interns/{internId}/secrets/{name}: 201 with
 // the metadata when the secret is new, 200 when it replaced one.
 func (h REST) Put(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, true)
-	if p == nil {
-		return
-	}
+	p := auth.From(r.Context())
 	b, ok := readPut(w, r)
 	if !ok {
 		return
@@ -90,25 +75,22 @@ func (h REST) Put(w http.ResponseWriter, r *http.Request) {
 	if b.Value != nil {
 		req.Value = *b.Value
 	}
-	res, err := h.S.Put(r.Context(), p, r.Host, req)
+	res, err := h.S.Put(r.Context(), p, req)
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	status := http.StatusOK
 	if res.GetCreated() {
 		status = http.StatusCreated
 	}
-	httpx.WriteJSON(w, status, ToJSON(res.GetSecret()))
+	rest.WriteJSON(w, status, ToJSON(res.GetSecret()))
 }
 
 // PutWorkspace handles PUT /api/v1/vault/secrets/{name}: 201 when new,
 // 200 when it replaced a secret of the key's workspace.
 func (h REST) PutWorkspace(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, true)
-	if p == nil {
-		return
-	}
+	p := auth.From(r.Context())
 	b, ok := readPut(w, r)
 	if !ok {
 		return
@@ -117,16 +99,16 @@ func (h REST) PutWorkspace(w http.ResponseWriter, r *http.Request) {
 	if b.Value != nil {
 		req.Value = *b.Value
 	}
-	res, err := h.S.PutWorkspace(r.Context(), p, r.Host, req)
+	res, err := h.S.PutWorkspace(r.Context(), p, req)
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	status := http.StatusOK
 	if res.GetCreated() {
 		status = http.StatusCreated
 	}
-	httpx.WriteJSON(w, status, ToJSON(res.GetSecret()))
+	rest.WriteJSON(w, status, ToJSON(res.GetSecret()))
 }
 
 // ListJSON is a page of secret metadata.
@@ -164,51 +146,42 @@ func pageQuery(r *http.Request) (int32, string, error) {
 
 // ListIntern handles GET /api/v1/vault/interns/{internId}/secrets.
 func (h REST) ListIntern(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, false)
-	if p == nil {
-		return
-	}
+	p := auth.From(r.Context())
 	limit, after, err := pageQuery(r)
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
-	res, err := h.S.ListIntern(r.Context(), p, r.Host, &cohortv1.ListInternSecretsRequest{InternId: r.PathValue("internId"), Limit: limit, After: after})
+	res, err := h.S.ListIntern(r.Context(), p, &cohortv1.ListInternSecretsRequest{InternId: r.PathValue("internId"), Limit: limit, After: after})
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
+	rest.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
 }
 
 // ListWorkspace handles GET /api/v1/vault/secrets.
 func (h REST) ListWorkspace(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, false)
-	if p == nil {
-		return
-	}
+	p := auth.From(r.Context())
 	limit, after, err := pageQuery(r)
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
-	res, err := h.S.ListWorkspace(r.Context(), p, r.Host, &cohortv1.ListWorkspaceSecretsRequest{Limit: limit, After: after})
+	res, err := h.S.ListWorkspace(r.Context(), p, &cohortv1.ListWorkspaceSecretsRequest{Limit: limit, After: after})
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
+	rest.WriteJSON(w, http.StatusOK, listJSON(res.GetSecrets(), res.GetHasMore()))
 }
 
 // DeleteIntern handles DELETE /api/v1/vault/interns/{internId}/secrets/{name}: 204.
 func (h REST) DeleteIntern(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, true)
-	if p == nil {
-		return
-	}
-	_, err := h.S.DeleteIntern(r.Context(), p, r.Host, &cohortv1.DeleteInternSecretRequest{InternId: r.PathValue("internId"), Name: r.PathValue("name")})
+	p := auth.From(r.Context())
+	_, err := h.S.DeleteIntern(r.Context(), p, &cohortv1.DeleteInternSecretRequest{InternId: r.PathValue("internId"), Name: r.PathValue("name")})
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -216,24 +189,18 @@ func (h REST) DeleteIntern(w http.ResponseWriter, r *http.Request) {
 
 // DeleteWorkspace handles DELETE /api/v1/vault/secrets/{name}: 204.
 func (h REST) DeleteWorkspace(w http.ResponseWriter, r *http.Request) {
-	p := h.admit(w, r, true)
-	if p == nil {
-		return
-	}
-	_, err := h.S.DeleteWorkspace(r.Context(), p, r.Host, &cohortv1.DeleteWorkspaceSecretRequest{Name: r.PathValue("name")})
+	p := auth.From(r.Context())
+	_, err := h.S.DeleteWorkspace(r.Context(), p, &cohortv1.DeleteWorkspaceSecretRequest{Name: r.PathValue("name")})
 	if err != nil {
-		httpx.WriteError(w, r, err, true)
+		rest.WriteError(w, r, err, true)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // Other answers every other request under /api/v1/vault/: after the same
-// gates, 405 on a known path with a method it does not take, else 404.
+// gates (declared as a read), 405 on a known path with a method it does not take, else 404.
 func (h REST) Other(w http.ResponseWriter, r *http.Request) {
-	if h.admit(w, r, false) == nil {
-		return
-	}
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	allow := ""
 	switch {
@@ -249,9 +216,9 @@ func (h REST) Other(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		httpx.WriteError(w, r, apierr.New(http.StatusMethodNotAllowed, "method_not_allowed",
+		rest.WriteError(w, r, apierr.New(http.StatusMethodNotAllowed, "method_not_allowed",
 			"%s is not supported here (allowed: %s): secret values are never read back", r.Method, allow), true)
 		return
 	}
-	httpx.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no vault route for %s %s", r.Method, r.URL.Path), true)
+	rest.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no vault route for %s %s", r.Method, r.URL.Path), true)
 }

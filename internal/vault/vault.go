@@ -75,10 +75,13 @@ func (s *Service) observe(event, outcome string) {
 func (s *Service) now() time.Time { return store.Now(s.Now) }
 
 // Admit applies the gates every vault request passes before anything else
-// is read: a key (401), the interns programme (the plain 404), the regional
-// hostname refusal (403), the key's scope (403), and for writes the
-// organization's vault-writes switch (503). Doors call it before reading a
-// body, so a caller outside the programme learns nothing about the route.
+// is read: the interns programme (the plain 404), the regional hostname
+// refusal (403), the key's scope (403), and for writes the organization's
+// vault-writes switch (503). It is the vault routes' declared caller check
+// (internal/server), run once per request on both doors before a body is
+// read, so a caller outside the programme learns nothing about the route;
+// the operations below take a principal it admitted. Federation access
+// tokens never get here (auth: they carry the inference scope only).
 func (s *Service) Admit(p *auth.Principal, requestHost string, write bool) error {
 	if p == nil {
 		return apierr.Unauthenticated("missing API key")
@@ -96,8 +99,6 @@ func (s *Service) Admit(p *auth.Principal, requestHost string, write bool) error
 		}
 	}
 	switch {
-	case p.AccessToken:
-		return apierr.New(http.StatusForbidden, "forbidden", "federation access tokens carry the inference scope only: use an API key for the vault")
 	case p.KeyKind != store.KeyWorkspace && p.KeyKind != store.KeyPersonal:
 		return apierr.New(http.StatusForbidden, "forbidden",
 			"a %s key selects no workspace: vault routes act on the workspace of a workspace key or a personal key's active workspace", p.KeyKind)
@@ -196,12 +197,10 @@ func parseInternID(s string) (string, error) {
 }
 
 // Put creates or replaces the secret req.Name in the vault of intern
-// req.InternId, bound to req.Hosts. The response carries metadata only.
-// Nothing is written unless every check passes.
-func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.PutInternSecretRequest) (*cohortv1.PutInternSecretResponse, error) {
-	if err := s.Admit(p, requestHost, true); err != nil {
-		return nil, err
-	}
+// req.InternId, bound to req.Hosts, for a principal admitted to write
+// (Admit). The response carries metadata only. Nothing is written unless
+// every check passes.
+func (s *Service) Put(ctx context.Context, p *auth.Principal, req *cohortv1.PutInternSecretRequest) (*cohortv1.PutInternSecretResponse, error) {
 	internID, err := parseInternID(req.GetInternId())
 	if err != nil {
 		return nil, err
@@ -224,10 +223,7 @@ func (s *Service) Put(ctx context.Context, p *auth.Principal, requestHost string
 
 // PutWorkspace creates or replaces a secret in the vault of the workspace
 // the key selects (each workspace has its own vault and keys).
-func (s *Service) PutWorkspace(ctx context.Context, p *auth.Principal, requestHost string, req *cohortv1.PutWorkspaceSecretRequest) (*cohortv1.PutWorkspaceSecretResponse, error) {
-	if err := s.Admit(p, requestHost, true); err != nil {
-		return nil, err
-	}
+func (s *Service) PutWorkspace(ctx context.Context, p *auth.Principal, req *cohortv1.PutWorkspaceSecretRequest) (*cohortv1.PutWorkspaceSecretResponse, error) {
 	in, err := s.checkPut(req.GetName(), req.GetHosts(), req.GetValue())
 	if err != nil {
 		return nil, err
@@ -297,12 +293,9 @@ func (s *Service) put(ctx context.Context, orgID, scope, owner string, in *putIn
 }
 
 // Metadata returns a stored secret's metadata (legacy rows included, with
-// no hosts and no fingerprint). It has the read gates of the vault: writes
-// may be disabled.
-func (s *Service) Metadata(ctx context.Context, p *auth.Principal, requestHost, internID, name string) (*cohortv1.SecretMetadata, error) {
-	if err := s.Admit(p, requestHost, false); err != nil {
-		return nil, err
-	}
+// no hosts and no fingerprint), for a principal admitted to read (Admit
+// with write false: writes may be disabled).
+func (s *Service) Metadata(ctx context.Context, p *auth.Principal, internID, name string) (*cohortv1.SecretMetadata, error) {
 	id, err := parseInternID(internID)
 	if err != nil {
 		return nil, err
@@ -378,7 +371,7 @@ func (s *Service) ownerVault(ctx context.Context, orgID, scope, owner string) (*
 		return nil, nil, err
 	}
 	if v.OrganizationID != orgID {
-		return nil, nil, apierr.Internal(fmt.Errorf("vault %s belongs to another organization than its owner", v.ID))
+		return nil, nil, apierr.Bug("vault %s belongs to another organization than its owner", v.ID)
 	}
 	kr, err := s.keyring(v)
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/rest"
 )
 
 // MaxBody bounds a create request; the largest valid body is far smaller.
@@ -72,27 +72,23 @@ func ToJSON(w *cohortv1.Workspace) JSON {
 	return out
 }
 
-// REST is the REST door: POST /api/v1/workspaces.
+// REST is the REST door: POST /api/v1/workspaces. The caller was
+// authenticated where the route is declared (internal/server).
 type REST struct {
-	S    *Service
-	Auth *auth.Authenticator
+	S *Service
 }
 
 // Create handles POST /api/v1/workspaces and answers 201 {"data": workspace}.
 func (h REST) Create(w http.ResponseWriter, r *http.Request) {
-	p, err := h.Auth.Bearer(r.Context(), r.Header.Get("Authorization"))
+	p := auth.From(r.Context())
+	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
 	if err != nil {
-		httpx.WriteError(w, r, err, false)
-		return
-	}
-	body, err := httpx.ReadBody(w, r, MaxBody, "payload_too_large")
-	if err != nil {
-		httpx.WriteError(w, r, err, false)
+		rest.WriteError(w, r, err, false)
 		return
 	}
 	var b createBody
-	if err := httpx.DecodeStrict(body, &b); err != nil {
-		httpx.WriteError(w, r, err, false)
+	if err := rest.DecodeStrict(body, &b); err != nil {
+		rest.WriteError(w, r, err, false)
 		return
 	}
 	req := &cohortv1.CreateWorkspaceRequest{
@@ -108,8 +104,8 @@ func (h REST) Create(w http.ResponseWriter, r *http.Request) {
 	}
 	ws, err := h.S.Create(r.Context(), p, req)
 	if err != nil {
-		httpx.WriteError(w, r, err, false)
+		rest.WriteError(w, r, err, false)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusCreated, map[string]any{"data": ToJSON(ws)})
+	rest.WriteJSON(w, http.StatusCreated, map[string]any{"data": ToJSON(ws)})
 }

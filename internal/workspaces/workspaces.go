@@ -57,9 +57,6 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 	if p == nil {
 		return nil, apierr.Unauthenticated("missing API key")
 	}
-	if p.AccessToken {
-		return nil, auth.AccessTokenRefused()
-	}
 	if !p.IsManagement() {
 		return nil, apierr.Forbidden("creating a workspace requires a management key")
 	}

@@ -1,4 +1,4 @@
-package internd
+package acptap
 
 import (
 	"os"

@@ -26,59 +26,9 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/h2coalesce"
 	"github.com/cohort-dev/cohort/internal/procstat"
 )
-
-// benchCmd is `cohort bench`: load measurements of the chat path and the fleet.
-//
-//	cohort bench chat         the measurements (docs/benchmarks.md, Chat)
-//	cohort bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
-//	cohort bench sessions     a daemon's and its agent's memory over many sessions
-//	cohort bench mock-model   an OpenAI-compatible model that schedules chunks (child)
-//	cohort bench sse-serve    a bare Go SSE server, the reference (child)
-//	cohort bench mock-daemon  an intern daemon that streams its schedule at once (child)
-func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return errors.New("bench: want chat, fleet, sessions, mock-model, sse-serve or mock-daemon")
-	}
-	switch args[0] {
-	case "chat":
-		return benchChat(ctx, args[1:], stdout, stderr)
-	case "fleet":
-		return benchFleet(ctx, args[1:], stdout, stderr)
-	case "sessions":
-		return benchSessions(ctx, args[1:], stdout, stderr)
-	case "mock-model":
-		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
-	case "sse-serve":
-		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
-	case "mock-daemon":
-		mux := http.NewServeMux()
-		mux.Handle(interndv1connect.NewInternDaemonServiceHandler(scriptedDaemon{}, connect.WithCompressMinBytes(4096)))
-		return benchServe(ctx, mux, stdout)
-	default:
-		return fmt.Errorf("bench: unknown benchmark %q", args[0])
-	}
-}
-
-// benchServe serves h on a loopback port and prints the address first.
-func benchServe(ctx context.Context, h http.Handler, stdout io.Writer) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	protos.SetUnencryptedHTTP2(true) // the scripted daemon is called over h2c
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos}
-	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
-	go func() { <-ctx.Done(); srv.Close() }()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
-}
 
 // benchPrompt tells the mock model what to stream: n chunks, one every
 // interval, then stop (or hold the stream open with hang).
@@ -161,12 +111,10 @@ type benchChild struct {
 	url string
 }
 
-func startBenchChild(env []string, stderr io.Writer, args ...string) (*benchChild, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(self, args...)
+// startBenchChild runs bin (the cohort binary, or this one for a mock
+// server) with args and waits for the address it prints.
+func startBenchChild(bin string, env []string, stderr io.Writer, args ...string) (*benchChild, error) {
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
@@ -245,8 +193,13 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.rt.RoundTrip(r)
 }
 
+// benchChat is `cohort-bench chat`: a cohort gateway (serve, the remote
+// provisioner, SQLite), one cohort intern daemon with the built-in agent
+// before a mock model, the scripted daemon and a bare Go SSE server, each
+// its own process; this process is only the client (docs/benchmarks.md,
+// Chat).
 func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench chat", flag.ContinueOnError)
+	fs := flag.NewFlagSet("cohort-bench chat", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	turns := fs.Int("turns", 300, "turns measured for time to first chunk, through each path")
 	chunks := fs.Int("chunks", 60000, "chunks the model sends on the relay-cost stream")
@@ -258,11 +211,12 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	only := fs.String("only", "", "run only one phase: whole (the gateway before the real daemon) or alone (before the scripted daemon)")
 	gwEnv := fs.String("gateway-env", "", "comma-separated KEY=VALUE pairs added to the gateway's environment (GOMAXPROCS=1, GODEBUG=...)")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon (daemon.intern.pprof) and its agent here")
+	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *only != "" && *only != "whole" && *only != "alone" {
-		return fmt.Errorf("bench chat: --only must be whole or alone, not %q", *only)
+		return fmt.Errorf("chat: --only must be whole or alone, not %q", *only)
 	}
 	// Every idle stream costs a descriptor in the bench and in each child.
 	var lim syscall.Rlimit
@@ -276,6 +230,14 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer os.RemoveAll(dir)
+	cohort, err := cohortBinary(ctx, *cohortPath, dir, stderr)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	var children []*benchChild
 	defer func() {
 		for i := len(children) - 1; i >= 0; i-- {
@@ -286,19 +248,19 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *childLogs {
 		logs = stderr
 	}
-	child := func(env []string, args ...string) (*benchChild, error) {
-		c, err := startBenchChild(env, logs, args...)
+	child := func(bin string, env []string, args ...string) (*benchChild, error) {
+		c, err := startBenchChild(bin, env, logs, args...)
 		if err == nil {
 			children = append(children, c)
 		}
 		return c, err
 	}
 
-	mock, err := child(nil, "bench", "mock-model")
+	mock, err := child(self, nil, "mock-model")
 	if err != nil {
 		return err
 	}
-	bare, err := child(nil, "bench", "sse-serve")
+	bare, err := child(self, nil, "sse-serve")
 	if err != nil {
 		return err
 	}
@@ -313,7 +275,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *gwEnv != "" {
 		genv = append(genv, strings.Split(*gwEnv, ",")...)
 	}
-	gw, err := child(genv, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
+	gw, err := child(cohort, genv, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", "remote",
 		"--turn-rate", "1000000/s", "--log-level", "error")
 	if err != nil {
 		return err
@@ -328,21 +290,20 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	const secret = "bench-daemon-secret"
 	secretFile := filepath.Join(dir, "secret")
 	os.WriteFile(secretFile, []byte(secret), 0o600)
-	daemon, err := child(append(prof("daemon"), "COHORT_INTERN_SECRET="+secret, "COHORT_AGENT_BASE_URL="+mock.url+"/v1", "COHORT_AGENT_API_KEY=bench"),
+	daemon, err := child(cohort, append(prof("daemon"), "COHORT_INTERN_SECRET="+secret, "COHORT_AGENT_BASE_URL="+mock.url+"/v1", "COHORT_AGENT_API_KEY=bench"),
 		"intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "daemon"), "--intern-id", intern,
 		"--model", "bench/model", "--log-level", "error")
 	if err != nil {
 		return err
 	}
-	scripted, err := child(nil, "bench", "mock-daemon")
+	scripted, err := child(self, nil, "mock-daemon")
 	if err != nil {
 		return err
 	}
-	self, _ := os.Executable()
 	// register points the intern at a daemon; the gateway reads the row on
 	// every turn, so the next turn goes there.
 	register := func(url string) error {
-		reg := exec.Command(self, "admin", "intern", "register", "--id", intern, "--url", url, "--secret-file", secretFile, "--data-dir", gdir)
+		reg := exec.Command(cohort, "admin", "intern", "register", "--id", intern, "--url", url, "--secret-file", secretFile, "--data-dir", gdir)
 		reg.Stderr = stderr
 		if err := reg.Run(); err != nil {
 			return fmt.Errorf("register: %w", err)
@@ -354,7 +315,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	h2c.SetUnencryptedHTTP2(true)
 	// The same transport as the gateway's daemon client, so the daemon-alone
 	// reference is not slowed by a second write per call.
-	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: httpx.CoalescingDialer(&net.Dialer{})}, "Bearer " + secret}
+	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: h2coalesce.Dialer(&net.Dialer{})}, "Bearer " + secret}
 	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
 	hclient := &http.Client{Transport: tr}
 	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"

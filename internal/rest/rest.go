@@ -1,6 +1,8 @@
-// Package httpx holds what every REST door needs: strict, bounded JSON
-// decoding whose errors name the offending field, and JSON writing.
-package httpx
+// Package rest holds what every REST door needs: bounded request bodies,
+// strict JSON decoding whose errors name the offending field (and text
+// that is not Unicode, CheckText), and the JSON and error responses of the
+// REST route families.
+package rest
 
 import (
 	"bytes"
@@ -16,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/apierr"
 )
 
@@ -246,7 +249,7 @@ type ErrorMetadata struct {
 func WriteError(w http.ResponseWriter, r *http.Request, err error, withReason bool) {
 	e := apierr.From(err)
 	if e.Status >= 500 {
-		LogFault(r, e)
+		accesslog.LogFault(r, e)
 	}
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))

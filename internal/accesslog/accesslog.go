@@ -1,4 +1,8 @@
-package httpx
+// Package accesslog is the gateway's outermost handler: one log line per
+// request (and the metrics' observer), and the request logger it puts in
+// the context for the handlers below, with LogFault for their server-side
+// failures.
+package accesslog
 
 import (
 	"context"
@@ -24,11 +28,11 @@ func LoggerFrom(ctx context.Context) *slog.Logger {
 	return slog.Default()
 }
 
-// LogFault logs a server-side failure with its internal cause. Bodies and
-// headers are never logged: they may hold keys or secret values.
+// LogFault logs a server-side failure with its internal cause (apierr's
+// LogFault: an outage, or a bug with bug=true). Bodies and headers are
+// never logged: they may hold keys or secret values.
 func LogFault(r *http.Request, e *apierr.Error) {
-	LoggerFrom(r.Context()).ErrorContext(r.Context(), "request failed",
-		"method", r.Method, "path", r.URL.Path, "status", e.Status, "reason", e.Reason, "err", e.Cause)
+	apierr.LogFault(r.Context(), LoggerFrom(r.Context()), e, slog.String("method", r.Method), slog.String("path", r.URL.Path))
 }
 
 type statusWriter struct {
@@ -62,11 +66,11 @@ func (s *statusWriter) Flush() {
 // Unwrap lets http.ResponseController reach Flush and deadlines.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// AccessLog logs one line per request: method, path, status, duration. A
+// Handler logs one line per request: method, path, status, duration. A
 // client that hung up before an answer is logged as 499. observe, when
 // set, is told the same, with the route pattern that served the request
 // (metrics).
-func AccessLog(l *slog.Logger, next http.Handler, observe func(route, method string, status int, took time.Duration)) http.Handler {
+func Handler(l *slog.Logger, next http.Handler, observe func(route, method string, status int, took time.Duration)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}

@@ -23,26 +23,27 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// benchFleet is `cohort bench fleet`: a real gateway (`cohort serve`, the
+// benchFleet is `cohort-bench fleet`: a real gateway (`cohort serve`, the
 // local provisioner, jails unless the machine cannot make them) with many
 // sleeping interns, waking some, holding many awake, then shut down.
 //
-//	cohort bench fleet [--sleeping 10000] [--awake 200] [--wakes 40]
+//	cohort-bench fleet [--sleeping 10000] [--awake 200] [--wakes 40] [--cohort PATH]
 func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench fleet", flag.ContinueOnError)
+	fs := flag.NewFlagSet("cohort-bench fleet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	sleeping := fs.Int("sleeping", 10000, "interns registered asleep")
 	awake := fs.Int("awake", 200, "interns woken and held awake at once")
 	wakes := fs.Int("wakes", 40, "turns to a sleeping intern (and as many to an awake one, interleaved)")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: SQLite in a temporary data directory)")
 	unsafe := fs.Bool("unsafe-shared-host", false, "run the interns unjailed (to compare)")
+	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *sleeping < *awake+*wakes || *awake < 1 || *wakes < 1 {
-		return errors.New("bench fleet: want --awake ≥ 1, --wakes ≥ 1 and --sleeping ≥ --awake + --wakes")
+		return errors.New("fleet: want --awake ≥ 1, --wakes ≥ 1 and --sleeping ≥ --awake + --wakes")
 	}
-	self, dir, err := benchDir("fleet")
+	cohort, dir, err := benchDir(ctx, "fleet", *cohortPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *unsafe {
 		serveArgs = append(serveArgs, "--unsafe-shared-host")
 	}
-	gw := exec.CommandContext(ctx, self, serveArgs...)
+	gw := exec.CommandContext(ctx, cohort, serveArgs...)
 	base, err := startListening(gw, stderr)
 	if err != nil {
 		return err
@@ -182,7 +183,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// startListening starts cmd (this binary as a child: serve, intern) and
+// startListening starts cmd (the cohort binary: serve, intern) and
 // waits for the address it prints first ("listening on URL").
 func startListening(cmd *exec.Cmd, stderr io.Writer) (string, error) {
 	cmd.Stderr = stderr
@@ -205,14 +206,24 @@ func startListening(cmd *exec.Cmd, stderr io.Writer) (string, error) {
 	return "", fmt.Errorf("%s exited before listening", filepath.Base(cmd.Args[1]))
 }
 
-// benchDir is this binary and a temporary directory for a load command's
-// children; remove the directory when done.
-func benchDir(name string) (self, dir string, err error) {
-	if self, err = os.Executable(); err != nil {
+// benchDir is a temporary directory for a load command's children and the
+// cohort binary they run (cohortBinary, which may build it there); remove
+// the directory when done.
+func benchDir(ctx context.Context, name, cohortPath string, stderr io.Writer) (cohort, dir string, err error) {
+	if dir, err = os.MkdirTemp("", "cohort-bench-"+name+"-"); err != nil {
 		return "", "", err
 	}
-	dir, err = os.MkdirTemp("", "cohort-bench-"+name+"-")
-	return self, dir, err
+	// The data directory and the build stay apart: fleet's gateway uses
+	// dir itself.
+	bin, err := os.MkdirTemp(dir, "bin-")
+	if err == nil {
+		cohort, err = cohortBinary(ctx, cohortPath, bin, stderr)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return cohort, dir, nil
 }
 
 // fleetTurn sends one cohort/demo turn and returns the time to its first

@@ -1,4 +1,4 @@
-package httpx_test
+package rest_test
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/httpx"
+	"github.com/cohort-dev/cohort/internal/rest"
 )
 
 type body struct {
@@ -47,7 +47,7 @@ func TestDecodeStrict(t *testing.T) {
 	}
 	for _, c := range cases {
 		var b body
-		err := httpx.DecodeStrict([]byte(c.in), &b)
+		err := rest.DecodeStrict([]byte(c.in), &b)
 		if c.err == "" {
 			if err != nil {
 				t.Errorf("%s: %v", c.in, err)
@@ -66,7 +66,7 @@ func TestReadBodyLimit(t *testing.T) {
 	for _, n := range []int{10, 11} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("a", n)))
-		b, err := httpx.ReadBody(rec, req, 10, "payload_too_large")
+		b, err := rest.ReadBody(rec, req, 10, "payload_too_large")
 		if n == 10 && (err != nil || len(b) != 10) {
 			t.Fatalf("at the limit: %v", err)
 		}
@@ -80,17 +80,17 @@ func TestWriteErrorHidesInternals(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/", nil)
-	httpx.WriteError(rec, req, apierr.Internal(errString("pq: password=hunter2")), true)
+	rest.WriteError(rec, req, apierr.Internal(errString("pq: password=hunter2")), true)
 	if rec.Code != 500 || strings.Contains(rec.Body.String(), "hunter2") || !strings.Contains(rec.Body.String(), `"internal error"`) || strings.Contains(rec.Body.String(), "metadata") {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
 	}
 	rec = httptest.NewRecorder()
-	httpx.WriteError(rec, req, apierr.Conflict("busy", "another turn is running"), true)
+	rest.WriteError(rec, req, apierr.Conflict("busy", "another turn is running"), true)
 	if rec.Body.String() != `{"error":{"code":409,"message":"another turn is running","metadata":{"reason":"busy"}}}`+"\n" {
 		t.Fatalf("%s", rec.Body)
 	}
 	rec = httptest.NewRecorder()
-	httpx.WriteError(rec, req, apierr.Conflict("busy", "x"), false)
+	rest.WriteError(rec, req, apierr.Conflict("busy", "x"), false)
 	if rec.Body.String() != `{"error":{"code":409,"message":"x"}}`+"\n" {
 		t.Fatalf("%s", rec.Body)
 	}
@@ -117,7 +117,7 @@ func TestReadBodyEncodings(t *testing.T) {
 		if enc != "" {
 			req.Header.Set("Content-Encoding", enc)
 		}
-		return httpx.ReadBody(httptest.NewRecorder(), req, 100, "payload_too_large")
+		return rest.ReadBody(httptest.NewRecorder(), req, 100, "payload_too_large")
 	}
 	if b, err := read(gz(`{"a":1}`), "gzip"); err != nil || string(b) != `{"a":1}` {
 		t.Fatalf("gzip: %q %v", b, err)
@@ -157,7 +157,7 @@ func TestCheckText(t *testing.T) {
 		{`{"messages":[{"role":"user","content":"hi"},{"role":"user","content":"\ud83d"}]}`, "messages[1].content"},
 		{"\"\xc3\x28\"", "the body"},
 	} {
-		err := httpx.CheckText([]byte(c.body))
+		err := rest.CheckText([]byte(c.body))
 		if c.want == "" {
 			if err != nil {
 				t.Errorf("%s: %v", c.body, err)
@@ -176,8 +176,8 @@ func TestCheckText(t *testing.T) {
 func TestTooLargeBodyIsReadable(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := httpx.ReadBody(w, r, 1000, "payload_too_large"); err != nil {
-			httpx.WriteError(w, r, err, true)
+		if _, err := rest.ReadBody(w, r, 1000, "payload_too_large"); err != nil {
+			rest.WriteError(w, r, err, true)
 		}
 	}))
 	defer srv.Close()

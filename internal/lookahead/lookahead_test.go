@@ -1,4 +1,4 @@
-package httpx
+package lookahead
 
 import (
 	"io"
@@ -28,8 +28,8 @@ func (a *arrivals) Close() error { return nil }
 
 func TestLookahead(t *testing.T) {
 	body := &arrivals{steps: [][]byte{[]byte("HEAD1body1HEAD2body2"), []byte("HEAD3body3")}}
-	l := &Lookahead{body: body}
-	r := lookaheadBody{l}
+	l := &Body{body: body}
+	r := reader{l}
 	read := func(n int) string {
 		t.Helper()
 		p := make([]byte, n)

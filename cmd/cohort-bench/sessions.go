@@ -22,25 +22,26 @@ import (
 	"github.com/cohort-dev/cohort/internal/procstat"
 )
 
-// benchSessions is `cohort bench sessions`: one real daemon (`cohort
+// benchSessions is `cohort-bench sessions`: one real daemon (`cohort
 // intern`) with the built-in agent takes turns in many new sessions; its
 // and its agent's resident memory are read fresh, right after, and once
 // the idle sessions have left memory.
 //
-//	cohort bench sessions [--sessions 10000] [--idle-ttl 5s]
+//	cohort-bench sessions [--sessions 10000] [--idle-ttl 5s] [--cohort PATH]
 func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench sessions", flag.ContinueOnError)
+	fs := flag.NewFlagSet("cohort-bench sessions", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("sessions", 10000, "new sessions, one turn each")
 	parallel := fs.Int("parallel", 8, "turns at once")
 	ttl := fs.Duration("idle-ttl", 5*time.Second, "the daemon's session idle TTL (the agent's is twice it)")
+	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 1 || *parallel < 1 || *ttl <= 0 {
-		return errors.New("bench sessions: want --sessions ≥ 1, --parallel ≥ 1 and a positive --idle-ttl")
+		return errors.New("sessions: want --sessions ≥ 1, --parallel ≥ 1 and a positive --idle-ttl")
 	}
-	self, dir, err := benchDir("sessions")
+	cohort, dir, err := benchDir(ctx, "sessions", *cohortPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -49,7 +50,7 @@ func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte(secret), 0o600); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, self, "intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
+	cmd := exec.CommandContext(ctx, cohort, "intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
 		"--intern-id", "bench", "--secret-file", filepath.Join(dir, "secret"), "--log-level", "warn",
 		"--session-idle-ttl", ttl.String())
 	cmd.Env = append(os.Environ(), "COHORT_AGENT_SESSION_IDLE_TTL="+(2**ttl).String())

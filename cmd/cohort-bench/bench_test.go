@@ -2,12 +2,67 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/signal"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
+
+// TestMain lets the test binary stand in for cohort-bench when the load
+// commands start their mock servers (`<this binary> mock-model`, …), which
+// must run the command, not the tests.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && slices.Contains([]string{"mock-model", "sse-serve", "mock-daemon"}, os.Args[1]) {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			os.Stderr.WriteString("cohort-bench: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the cohort binary the tests measure, built once (buildCohort,
+// as the commands do without --cohort).
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+func cohortBin(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "cohort-bench-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "cohort")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		built.err = buildCohort(ctx, built.bin)
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
 
 // TestBenchChatRefusesUnknownPhase: a mistyped --only is an error naming
 // the choices, before any process starts.
@@ -24,10 +79,11 @@ func TestBenchChatRefusesUnknownPhase(t *testing.T) {
 // daemon, bare SSE server) and every chunk the scripted daemon sends is
 // relayed.
 func TestBenchChat(t *testing.T) {
+	bin := cohortBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errs strings.Builder
-	err := benchChat(ctx, []string{"--turns", "5", "--chunks", "200", "--bare-chunks", "1000",
+	err := benchChat(ctx, []string{"--cohort", bin, "--turns", "5", "--chunks", "200", "--bare-chunks", "1000",
 		"--streams", "2", "--stream-chunks", "50", "--idle-streams", "5"}, &out, &errs)
 	if err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
@@ -58,10 +114,11 @@ func TestBenchChat(t *testing.T) {
 // TestBenchFleet runs the fleet load command small against real processes:
 // sleeping interns cost no process, woken ones answer, shutdown ends them.
 func TestBenchFleet(t *testing.T) {
+	bin := cohortBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errs strings.Builder
-	err := benchFleet(ctx, []string{"--sleeping", "60", "--awake", "4", "--wakes", "3"}, &out, &errs)
+	err := benchFleet(ctx, []string{"--cohort", bin, "--sleeping", "60", "--awake", "4", "--wakes", "3"}, &out, &errs)
 	if err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
 	}
@@ -85,10 +142,11 @@ func TestBenchFleetRefusesBadCounts(t *testing.T) {
 // TestBenchSessions runs the sessions load command small against a real
 // daemon and agent: every session left memory after the idle TTLs.
 func TestBenchSessions(t *testing.T) {
+	bin := cohortBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errs strings.Builder
-	if err := benchSessions(ctx, []string{"--sessions", "40", "--idle-ttl", "1s"}, &out, &errs); err != nil {
+	if err := benchSessions(ctx, []string{"--cohort", bin, "--sessions", "40", "--idle-ttl", "1s"}, &out, &errs); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
 	}
 	o := out.String()

@@ -1,4 +1,6 @@
-package httpx
+// Package streamdeadline gives streaming RPCs a deadline per write in place
+// of the server's request-wide timeouts.
+package streamdeadline
 
 import (
 	"net/http"
@@ -6,12 +8,12 @@ import (
 	"time"
 )
 
-// StreamDeadlines lifts the server's request-wide read and write timeouts
+// Handler lifts the server's request-wide read and write timeouts
 // for streaming RPCs (the Connect streaming protocol and gRPC), which last
 // as long as their turn, and gives each write its own deadline instead, so
 // a stuck client still cannot hold a goroutine for ever. Other requests
 // pass untouched. (The SSE door does the same in internal/sse.)
-func StreamDeadlines(h http.Handler, perWrite time.Duration) http.Handler {
+func Handler(h http.Handler, perWrite time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !streaming(r.Header.Get("Content-Type")) {
 			h.ServeHTTP(w, r)

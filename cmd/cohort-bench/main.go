@@ -1,0 +1,140 @@
+// Command cohort-bench is the load generator of docs/benchmarks.md and its
+// mock servers. It is kept out of the product binary: it drives a cohort
+// binary (serve, intern, admin) as child processes, built from ./cmd/cohort
+// unless --cohort names one, and starts itself for the mock servers.
+//
+//	go run ./cmd/cohort-bench chat         the chat path's figures (docs/benchmarks.md, Chat)
+//	go run ./cmd/cohort-bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
+//	go run ./cmd/cohort-bench sessions     a daemon's and its agent's memory over many sessions
+//	go run ./cmd/cohort-bench mock-model   an OpenAI-compatible model that schedules chunks (child)
+//	go run ./cmd/cohort-bench sse-serve    a bare Go SSE server, the reference (child)
+//	go run ./cmd/cohort-bench mock-daemon  an intern daemon that streams its schedule at once (child)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+)
+
+const usage = `cohort-bench — load figures of a cohort binary (docs/benchmarks.md).
+
+Usage:
+  cohort-bench chat     [flags]  the chat path: time to first chunk, relay cost, throughput, idle streams
+  cohort-bench fleet    [flags]  sleeping, waking and awake interns under one gateway
+  cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions
+
+Each takes --cohort PATH, the cohort binary to measure; without it ./cmd/cohort is
+built (go build) into a temporary directory first. mock-model, sse-serve and
+mock-daemon are the children it starts.
+
+Run "cohort-bench <command> -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "cohort-bench:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("want chat, fleet, sessions, mock-model, sse-serve or mock-daemon")
+	}
+	switch args[0] {
+	case "chat":
+		return benchChat(ctx, args[1:], stdout, stderr)
+	case "fleet":
+		return benchFleet(ctx, args[1:], stdout, stderr)
+	case "sessions":
+		return benchSessions(ctx, args[1:], stdout, stderr)
+	case "mock-model":
+		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
+	case "sse-serve":
+		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
+	case "mock-daemon":
+		mux := http.NewServeMux()
+		mux.Handle(interndv1connect.NewInternDaemonServiceHandler(scriptedDaemon{}, connect.WithCompressMinBytes(4096)))
+		return benchServe(ctx, mux, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+// cohortFlag registers --cohort, the binary a load command measures.
+func cohortFlag(fs *flag.FlagSet) *string {
+	return fs.String("cohort", "", "the cohort binary to measure (default: go build ./cmd/cohort into a temporary directory)")
+}
+
+// cohortBinary returns the cohort binary to run: path when set, else one
+// built from this module's ./cmd/cohort into dir (the go command must be
+// on PATH and the working directory inside the module).
+func cohortBinary(ctx context.Context, path, dir string, stderr io.Writer) (string, error) {
+	if path != "" {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return "", err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return "", fmt.Errorf("--cohort: %w", err)
+		}
+		return abs, nil
+	}
+	bin := filepath.Join(dir, "cohort")
+	fmt.Fprintf(stderr, "building ./cmd/cohort into %s (--cohort PATH measures a binary of your own)\n", bin)
+	if err := buildCohort(ctx, bin); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// buildCohort builds the cohort command of this module into bin.
+func buildCohort(ctx context.Context, bin string) error {
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/cohort-dev/cohort/cmd/cohort").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build ./cmd/cohort (or pass --cohort PATH): %w\n%s", err, out)
+	}
+	return nil
+}
+
+// benchServe serves h on a loopback port and prints the address first.
+func benchServe(ctx context.Context, h http.Handler, stdout io.Writer) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true) // the scripted daemon is called over h2c
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos}
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+	go func() { <-ctx.Done(); srv.Close() }()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,242 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/accounts"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/federation"
+	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/rest"
+	"github.com/cohort-dev/cohort/internal/vault"
+	"github.com/cohort-dev/cohort/internal/workspaces"
+	"github.com/cohort-dev/cohort/web"
+)
+
+// A route is one REST route or one Connect service, declared with what it
+// admits (auth.Access: the credential scope and the caller checks, run
+// once per request by auth.Authenticator's Handler or Interceptor).
+// routes is the only place a route is registered, and New refuses to
+// build a gateway with a route that declares nothing.
+type route struct {
+	// pattern is a REST route's ServeMux pattern, with Prefix.
+	pattern string
+	handler http.HandlerFunc
+	// reasons: the route family's error bodies carry metadata.reason
+	// (chat, vault), also for refusals of its access.
+	reasons bool
+
+	// service is a Connect service's full name, and mount its handler
+	// with the gateway's options.
+	service string
+	mount   func(...connect.HandlerOption) (string, http.Handler)
+	// procedures declares a service's procedures one by one, by procedure
+	// ("/cohort.v1.VaultService/PutInternSecret"); else access covers
+	// every procedure of the service.
+	procedures map[string]auth.Access
+
+	access auth.Access
+}
+
+// routes declares the gateway's routes.
+func (s *Server) routes() []route {
+	public := auth.Access{Scope: auth.Public}
+	apiKeys := auth.Access{Scope: auth.API}
+	// The intern chat is the inference route: the one that takes
+	// federation access tokens.
+	inference := auth.Access{Scope: auth.Inference, Admit: func(_ context.Context, p *auth.Principal) error {
+		return s.Chat.Admit(p)
+	}}
+	vaultAccess := func(write bool) auth.Access {
+		return auth.Access{Scope: auth.API, Admit: func(ctx context.Context, p *auth.Principal) error {
+			return s.Vault.Admit(p, auth.Host(ctx), write)
+		}}
+	}
+	vaultRead, vaultWrite := vaultAccess(false), vaultAccess(true)
+
+	ws := workspaces.REST{S: s.Workspaces}
+	vr := vault.REST{S: s.Vault}
+	chatREST := chat.REST{S: s.Chat, SSE: s.ChatSSE}
+	chatInference := inference
+	chatInference.Lookup = chatREST.Lookup
+	fed := federation.REST{S: s.Federation}
+	return []route{
+		{service: cohortv1connect.WorkspaceServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, o...)
+		}},
+		{pattern: "POST " + Prefix + "/workspaces", access: apiKeys, handler: ws.Create},
+
+		{service: cohortv1connect.AdminServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, o...)
+		}},
+		{service: cohortv1connect.InternServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, o...)
+		}},
+
+		{service: cohortv1connect.VaultServiceName, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return vault.NewConnectHandler(s.Vault, o...)
+		}, procedures: map[string]auth.Access{
+			cohortv1connect.VaultServicePutInternSecretProcedure:       vaultWrite,
+			cohortv1connect.VaultServiceDeleteInternSecretProcedure:    vaultWrite,
+			cohortv1connect.VaultServiceListInternSecretsProcedure:     vaultRead,
+			cohortv1connect.VaultServicePutWorkspaceSecretProcedure:    vaultWrite,
+			cohortv1connect.VaultServiceDeleteWorkspaceSecretProcedure: vaultWrite,
+			cohortv1connect.VaultServiceListWorkspaceSecretsProcedure:  vaultRead,
+		}},
+		{service: cohortv1connect.VaultAdminServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewVaultAdminServiceHandler(vault.AdminHandler{S: s.Vault}, o...)
+		}},
+		// Interns' daemons authenticate with their own secret, not an API key.
+		{service: cohortv1connect.InternGatewayServiceName, access: public, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return vault.NewGatewayHandler(s.Vault, o...)
+		}},
+		{pattern: "PUT " + Prefix + "/vault/interns/{internId}/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.Put},
+		{pattern: "DELETE " + Prefix + "/vault/interns/{internId}/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.DeleteIntern},
+		{pattern: "GET " + Prefix + "/vault/interns/{internId}/secrets", access: vaultRead, reasons: true, handler: vr.ListIntern},
+		{pattern: "PUT " + Prefix + "/vault/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.PutWorkspace},
+		{pattern: "DELETE " + Prefix + "/vault/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.DeleteWorkspace},
+		{pattern: "GET " + Prefix + "/vault/secrets", access: vaultRead, reasons: true, handler: vr.ListWorkspace},
+		// Every other path under /vault/ passes the same gates, so that a
+		// caller outside the programme gets the same plain 404 there too.
+		{pattern: Prefix + "/vault/", access: vaultRead, reasons: true, handler: vr.Other},
+
+		{service: cohortv1connect.ChatServiceName, access: inference, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, append(o, connect.WithReadMaxBytes(chat.MaxBody))...)
+		}},
+		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, handler: chatREST.Completions},
+
+		{service: cohortv1connect.FederationServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, o...)
+		}},
+		// Every method reaches the token handler, so that even a 405
+		// carries its no-store headers and OAuth error body. The subject
+		// token is the credential.
+		{pattern: Prefix + "/oauth/token", access: public, handler: fed.Token},
+		// Public like any JWKS: resource servers verifying our tokens hold no API key.
+		{pattern: "GET " + Prefix + "/oauth/jwks", access: public, handler: fed.JWKS},
+
+		{pattern: "GET /healthz", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
+			rest.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		}},
+		{pattern: "GET /readyz", access: public, handler: s.ready},
+		{pattern: "/", access: public, handler: web.Handler().ServeHTTP},
+		{pattern: Prefix + "/", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
+			rest.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
+		}},
+	}
+}
+
+// ready is /readyz: the database answers; a warning (interns unjailed)
+// is passed on.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if err := s.DB.PingContext(r.Context()); err != nil {
+		s.Log.ErrorContext(r.Context(), "readiness check failed", "err", err)
+		rest.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+		return
+	}
+	body := map[string]string{"status": "ready"}
+	if s.Warning != "" {
+		body["warning"] = s.Warning
+	}
+	rest.WriteJSON(w, http.StatusOK, body)
+}
+
+// checkRoutes refuses a route that declares no access, or one that cannot
+// be enforced; for Connect services it checks every procedure of the
+// service's descriptor. It returns the procedures' declarations.
+func checkRoutes(routes []route) (map[string]auth.Access, error) {
+	procedures := map[string]auth.Access{}
+	for _, rt := range routes {
+		if rt.mount == nil {
+			if rt.pattern == "" || rt.handler == nil || rt.service != "" || rt.procedures != nil {
+				return nil, fmt.Errorf("server: route %q is neither a REST route nor a Connect service", rt.pattern+rt.service)
+			}
+			if err := rt.access.Check(); err != nil {
+				return nil, fmt.Errorf("server: route %q: %w", rt.pattern, err)
+			}
+			continue
+		}
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(rt.service))
+		if err != nil {
+			return nil, fmt.Errorf("server: Connect service %q: %w", rt.service, err)
+		}
+		sd, ok := d.(protoreflect.ServiceDescriptor)
+		if !ok {
+			return nil, fmt.Errorf("server: %q is not a service", rt.service)
+		}
+		seen := 0
+		methods := sd.Methods()
+		for i := range methods.Len() {
+			proc := "/" + rt.service + "/" + string(methods.Get(i).Name())
+			acc := rt.access
+			if rt.procedures != nil {
+				var ok bool
+				if acc, ok = rt.procedures[proc]; ok {
+					seen++
+				}
+			}
+			if err := acc.Check(); err != nil {
+				return nil, fmt.Errorf("server: procedure %s: %w", proc, err)
+			}
+			if acc.Lookup != nil {
+				return nil, fmt.Errorf("server: procedure %s: a credential lookup is for REST routes", proc)
+			}
+			procedures[proc] = acc
+		}
+		if seen != len(rt.procedures) {
+			return nil, fmt.Errorf("server: %s declares procedures it does not have", rt.service)
+		}
+		if rt.procedures != nil && rt.access.Scope != 0 {
+			return nil, fmt.Errorf("server: %s declares its access twice (per service and per procedure)", rt.service)
+		}
+	}
+	return procedures, nil
+}
+
+// mux registers every route behind what it admits.
+func (s *Server) mux() (*http.ServeMux, error) {
+	routes := s.routes()
+	procedures, err := checkRoutes(routes)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.Interceptor(procedures))
+	for _, rt := range routes {
+		if rt.mount != nil {
+			path, h := rt.mount(opts)
+			if admits(rt) {
+				// The caller checks may read the request's host.
+				h = auth.WithHost(h)
+			}
+			mux.Handle(Prefix+path, http.StripPrefix(Prefix, h))
+			continue
+		}
+		reasons := rt.reasons
+		writeErr := func(w http.ResponseWriter, r *http.Request, err error) { rest.WriteError(w, r, err, reasons) }
+		mux.Handle(rt.pattern, s.Auth.Handler(rt.access, writeErr, rt.handler))
+	}
+	return mux, nil
+}
+
+// admits reports whether a service runs caller checks (Admit).
+func admits(rt route) bool {
+	if rt.access.Admit != nil {
+		return true
+	}
+	for _, acc := range rt.procedures {
+		if acc.Admit != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,200 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/ratelimit"
+	"github.com/cohort-dev/cohort/internal/storetest"
+)
+
+func deps(t *testing.T) Deps {
+	t.Helper()
+	kek, err := envelope.LoadOrCreate(filepath.Join(t.TempDir(), "kek.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Deps{DB: storetest.SQLite(t), KEK: kek, Log: slog.New(slog.DiscardHandler)}
+}
+
+// noProvisioner is serve's defaults without a provisioner.
+func noProvisioner() config.Config {
+	cfg := config.Default()
+	cfg.Provisioner = ""
+	return cfg
+}
+
+func newServer(t *testing.T, cfg config.Config, d Deps) *Server {
+	t.Helper()
+	s, err := New(context.Background(), cfg, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Every route and every procedure of every mounted service declares what
+// it admits; a route or procedure that declares nothing, or a declaration
+// that cannot be enforced, stops the gateway from being built, naming it.
+func TestRoutesAreDeclared(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, noProvisioner(), deps(t))
+	routes := s.routes()
+	procedures, err := checkRoutes(routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := procedures[cohortv1connect.VaultServiceListWorkspaceSecretsProcedure]; !ok || len(procedures) < 30 {
+		t.Fatalf("%d procedures declared", len(procedures))
+	}
+	handler := func(http.ResponseWriter, *http.Request) {}
+	mount := func(o ...connect.HandlerOption) (string, http.Handler) {
+		return cohortv1connect.NewChatServiceHandler(chat.Handler{}, o...)
+	}
+	for want, rt := range map[string]route{
+		`"POST /api/v1/new"`: {pattern: "POST /api/v1/new", handler: handler},
+		`"GET /api/v1/x": a public route has no principal`: {pattern: "GET /api/v1/x", handler: handler,
+			access: auth.Access{Scope: auth.Public, Admit: func(context.Context, *auth.Principal) error { return nil }}},
+		"procedure /cohort.v1.ChatService/StreamChatCompletion": {service: cohortv1connect.ChatServiceName, mount: mount},
+		"ChatService declares procedures it does not have": {service: cohortv1connect.ChatServiceName, mount: mount,
+			procedures: map[string]auth.Access{
+				cohortv1connect.ChatServiceStreamChatCompletionProcedure: {Scope: auth.Inference},
+				"/cohort.v1.ChatService/Gone":                            {Scope: auth.API},
+			}},
+		`"cohort.v1.NoService"`: {service: "cohort.v1.NoService", mount: mount, access: auth.Access{Scope: auth.API}},
+	} {
+		_, err := checkRoutes(append(routes[:len(routes):len(routes)], rt))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want an error naming %s, got %v", want, err)
+		}
+	}
+}
+
+// Federation access tokens carry the inference scope: the intern chat,
+// on both doors, is the only route declared for it.
+func TestOnlyTheChatTakesAccessTokens(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, noProvisioner(), deps(t))
+	routes := s.routes()
+	procedures, err := checkRoutes(routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inference []string
+	for proc, acc := range procedures {
+		if acc.Scope == auth.Inference {
+			inference = append(inference, proc)
+		}
+	}
+	for _, rt := range routes {
+		if rt.mount == nil && rt.access.Scope == auth.Inference {
+			inference = append(inference, rt.pattern)
+		}
+	}
+	if len(inference) != 2 || !strings.Contains(strings.Join(inference, " "), cohortv1connect.ChatServiceStreamChatCompletionProcedure) ||
+		!strings.Contains(strings.Join(inference, " "), "POST /api/v1/interns/{internId}/chat/completions") {
+		t.Fatalf("access tokens reach %v; want the chat alone", inference)
+	}
+}
+
+// The federation's settings: a malformed rate, an unreachable Redis and a
+// missing CA file stop New; otherwise the issuer is applied and the limits
+// live in Redis when one is configured.
+func TestNewFederationSettings(t *testing.T) {
+	t.Parallel()
+	d := deps(t)
+	ctx := context.Background()
+	for name, change := range map[string]func(*config.Config){
+		"bad exchange rate": func(c *config.Config) { c.ExchangeRate = "fast" },
+		"bad turn rate":     func(c *config.Config) { c.TurnRate = "fast" },
+		"redis unreachable": func(c *config.Config) { c.RedisURL = "redis://127.0.0.1:1/0" },
+		"missing CA file":   func(c *config.Config) { c.ExtraCAFile = filepath.Join(t.TempDir(), "none.pem") },
+		"bad allow list":    func(c *config.Config) { c.FederationAllowHosts = []string{"10.0.0.0/40"} },
+		"bad agent":         func(c *config.Config) { c.Agents = []string{"no command"} },
+	} {
+		cfg := noProvisioner()
+		change(&cfg)
+		if s, err := New(ctx, cfg, d); err == nil {
+			s.Close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	cfg := noProvisioner()
+	cfg.RedisURL, cfg.TokenIssuer, cfg.ExchangeRate = "redis://127.0.0.1:6379/0", "https://api.cohort.example", "5/s,burst=10"
+	s, err := New(ctx, cfg, d)
+	if err != nil {
+		t.Fatalf("Redis must run at 127.0.0.1:6379: %v", err)
+	}
+	defer s.Close()
+	if s.Federation.Config.TokenIssuer != "https://api.cohort.example" {
+		t.Fatal("token issuer not applied")
+	}
+	if _, ok := s.Federation.Config.Limiter.(*ratelimit.Redis); !ok {
+		t.Fatalf("limiter %T, want Redis", s.Federation.Config.Limiter)
+	}
+	if _, ok := s.Chat.Limiter.(*ratelimit.Redis); !ok {
+		t.Fatalf("turn limiter %T, want Redis", s.Chat.Limiter)
+	}
+}
+
+// New wires the provisioner it is configured with into the services that
+// use it, and the metrics hooks; it refuses a local provisioner without a
+// jail unless the operator chose to run interns unjailed.
+func TestNewWiresTheProvisioner(t *testing.T) {
+	t.Parallel()
+	d := deps(t)
+	ctx := context.Background()
+	s := newServer(t, noProvisioner(), d)
+	if s.Provisioner != nil || s.Chat.Daemons != nil || s.Interns.Lifecycle != nil || s.Metrics != nil || s.Warning != "" {
+		t.Fatalf("no provisioner configured: %+v", s)
+	}
+	if _, ok := s.Chat.Limiter.(*ratelimit.Memory); !ok {
+		t.Fatalf("turn limiter %T, want memory", s.Chat.Limiter)
+	}
+
+	cfg := noProvisioner()
+	cfg.Provisioner, cfg.MetricsListen, cfg.RegionalHosts = provision.Remote, "127.0.0.1:0", []string{"eu.api.example.com"}
+	s = newServer(t, cfg, d)
+	if s.Provisioner == nil || s.Chat.Daemons != s.Provisioner || s.Interns.Lifecycle != s.Provisioner || s.Provisioner.ModelKey == nil {
+		t.Fatalf("remote provisioner not wired: %+v", s)
+	}
+	if s.Metrics == nil || s.Chat.Observer == nil || s.Federation.OnExchange == nil || s.Vault.Observe == nil || s.Provisioner.OnWake == nil {
+		t.Fatal("metrics hooks not set")
+	}
+	if len(s.Vault.RegionalHosts) != 1 {
+		t.Fatal("regional hosts not applied")
+	}
+
+	for _, bad := range []string{"cloud", provision.Kubernetes} {
+		cfg := noProvisioner()
+		cfg.Provisioner = bad
+		if s, err := New(ctx, cfg, d); err == nil {
+			s.Close()
+			t.Errorf("provisioner %q accepted (without its cluster)", bad)
+		}
+	}
+	cfg = noProvisioner()
+	cfg.Provisioner, cfg.DataDir = provision.Local, t.TempDir()
+	if s, err := New(ctx, cfg, d); err == nil {
+		s.Close()
+		t.Fatal("a local provisioner without a jail was accepted")
+	}
+	cfg.UnsafeSharedHost = true
+	s = newServer(t, cfg, d)
+	if s.Provisioner == nil || s.Provisioner.Jail != nil || s.Warning != UnsafeSharedHostWarning {
+		t.Fatalf("unsafe shared host: %+v", s)
+	}
+}
