@@ -226,7 +226,7 @@ func visibleRule(i, org, management, workspace string) string {
 var visible = &auth.Join{Name: "interns.visible", SQL: func(ph string) (string, string) {
 	return `,
 	i.id IS NOT NULL, COALESCE(i.id, ''), COALESCE(i.organization_id, ''), COALESCE(i.workspace_id, ''),
-	COALESCE(i.name, ''), COALESCE(i.model, ''), COALESCE(i.state, ''), COALESCE(i.created_by, ''),
+	COALESCE(i.name, ''), COALESCE(i.model, ''), COALESCE(i.agent, ''), COALESCE(i.state, ''), COALESCE(i.created_by, ''),
 	COALESCE(i.daemon_url, ''), COALESCE(i.daemon_secret, ''), COALESCE(i.provisioner, '')`,
 		`LEFT JOIN interns i ON i.id = ` + ph + ` AND ` +
 			visibleRule("i", "k.organization_id", "k.kind = '"+store.KeyManagement+"'", "k.workspace_id")
@@ -259,7 +259,7 @@ func (s *Service) Authenticate(ctx context.Context, a *auth.Authenticator, heade
 	var in store.Intern
 	var found bool
 	p, err := a.BearerJoin(ctx, header, visible, id, &found, &in.ID, &in.OrganizationID, &in.WorkspaceID,
-		&in.Name, &in.Model, &in.State, &in.CreatedBy, &in.DaemonURL, &in.DaemonSecret, &in.Provisioner)
+		&in.Name, &in.Model, &in.Agent, &in.State, &in.CreatedBy, &in.DaemonURL, &in.DaemonSecret, &in.Provisioner)
 	if err != nil {
 		return nil, Preloaded{}, err
 	}
