@@ -297,20 +297,16 @@ func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 // as the gateway comes up.
 func (p *Provisioner) Start(ctx context.Context) error {
 	p.init()
-	if p.Mode == Kubernetes {
+	switch p.Mode {
+	case Remote:
+	case Kubernetes:
 		if p.kubeErr != nil {
 			return p.kubeErr
 		}
 		// Pods outlive the gateway: the reconciler finds them as they are.
-		p.mu.Lock()
-		closed := p.closed
-		p.mu.Unlock()
-		if !closed {
-			p.runFleet()
-		}
+		p.startFleet()
 		return nil
-	}
-	if p.Mode != Remote {
+	default:
 		// The daemons of a previous gateway process died with it. With
 		// sleep enabled, its running interns sleep (the next turn wakes
 		// each); otherwise they start again and are provisioning (chat
@@ -324,12 +320,7 @@ func (p *Provisioner) Start(ctx context.Context) error {
 			Where("state = ?", store.InternRunning).Exec(ctx); err != nil {
 			return err
 		}
-		p.mu.Lock()
-		closed := p.closed
-		p.mu.Unlock()
-		if !closed {
-			p.runFleet()
-		}
+		p.startFleet()
 		return nil
 	}
 	var rows []store.Intern
@@ -340,6 +331,16 @@ func (p *Provisioner) Start(ctx context.Context) error {
 		p.Changed(ctx, &rows[i])
 	}
 	return nil
+}
+
+// startFleet runs the reconciler unless the provisioner is closed.
+func (p *Provisioner) startFleet() {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed {
+		p.runFleet()
+	}
 }
 
 // Changed follows an intern's record: it is the interns.Lifecycle hook.
