@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/envelope"
-	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
