@@ -129,6 +129,9 @@ type kubeFleet struct {
 	// for a while (every Pod event nudges it, each try costs requests, and
 	// an API server that is away would fill the log).
 	held map[string]time.Time
+	// nextLook is when the sleeper asks an intern's daemon again: not
+	// before its reported idle time could reach the timeout.
+	nextLook map[string]time.Time
 }
 
 // action is one replica's work on one intern; concurrent callers share it.
@@ -155,6 +158,7 @@ func (k *kubeFleet) init(p *Provisioner) error {
 	k.acting = map[string]*action{}
 	k.used = map[string]time.Time{}
 	k.held = map[string]time.Time{}
+	k.nextLook = map[string]time.Time{}
 	api, err := newKubeAPI(c.REST, c.Namespace, p.OnKubeCall)
 	if err != nil {
 		return err
@@ -838,13 +842,14 @@ func (p *Provisioner) sleepIdleKube(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	cutoff := time.Now().Add(-p.IdleTimeout)
+	now := time.Now()
+	cutoff := now.Add(-p.IdleTimeout)
 	for _, pod := range pods {
 		id := pod.Labels[LabelIntern]
 		k.mu.Lock()
-		used := k.used[id]
+		used, next := k.used[id], k.nextLook[id]
 		k.mu.Unlock()
-		if !podReady(pod) || used.After(cutoff) || pod.CreationTimestamp.Time.After(cutoff) {
+		if !podReady(pod) || used.After(cutoff) || pod.CreationTimestamp.Time.After(cutoff) || now.Before(next) {
 			continue
 		}
 		in, err := p.row(ctx, id)
@@ -859,6 +864,12 @@ func (p *Provisioner) sleepIdleKube(ctx context.Context) {
 		st, err := p.dial("", in.DaemonURL, secret).Status(sctx, connect.NewRequest(&pb.StatusRequest{}))
 		cancel()
 		if err != nil || st.Msg.GetLiveRuns() > 0 || st.Msg.GetPausedRuns() > 0 || time.Duration(st.Msg.GetIdleMs())*time.Millisecond < p.IdleTimeout {
+			if err == nil && st.Msg.GetLiveRuns() == 0 && st.Msg.GetPausedRuns() == 0 {
+				// Used through another replica: idle again at the soonest then.
+				k.mu.Lock()
+				k.nextLook[id] = now.Add(p.IdleTimeout - time.Duration(st.Msg.GetIdleMs())*time.Millisecond)
+				k.mu.Unlock()
+			}
 			continue
 		}
 		res, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
@@ -868,6 +879,9 @@ func (p *Provisioner) sleepIdleKube(ctx context.Context) {
 			p.Log.Error("put intern to sleep", "intern", id, "err", err)
 			continue
 		}
+		k.mu.Lock()
+		delete(k.nextLook, id)
+		k.mu.Unlock()
 		if n, _ := res.RowsAffected(); n == 1 {
 			p.Log.Info("intern asleep", "intern", id, "idle", (time.Duration(st.Msg.GetIdleMs()) * time.Millisecond).Round(time.Second).String())
 			p.nudge()
