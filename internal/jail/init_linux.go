@@ -12,7 +12,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,6 +53,24 @@ func runInit() {
 	f.Close()
 	s := &w.Spec
 
+	// The control socket is bound while the host's paths are still in
+	// view: callers find it there, and nothing inside the jail can.
+	var ctlLn *net.UnixListener
+	if s.Control != "" {
+		name, done, err := sockName(s.Control)
+		if err != nil {
+			fail("control socket", err, "")
+		}
+		if ctlLn, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"}); err != nil {
+			fail("control socket", err, "")
+		}
+		done()
+		// Removing it is the next caller's business (it knows the host path).
+		ctlLn.SetUnlinkOnClose(false)
+		if err := os.Chmod(s.Control, 0o600); err != nil {
+			fail("control socket", err, "")
+		}
+	}
 	buildRoot(s)
 	if err := unix.Sethostname([]byte(orDefault(s.Hostname, "intern"))); err != nil {
 		fail("set host name", err, "")
@@ -89,20 +109,42 @@ func runInit() {
 		os.Exit(0)
 	}
 
-	if len(lns) > 0 {
+	ctl := &control{orphan: s.Orphan, tag: s.Tag, keep: ctlLn != nil}
+	if len(lns) > 0 || ctlLn != nil {
 		f := os.NewFile(fdRelays, "relays")
 		rc, err := net.FileConn(f)
 		f.Close()
 		if err != nil {
 			fail("relay socket", err, "")
 		}
-		uc := rc.(*net.UnixConn)
+		ctl.attach(rc.(*net.UnixConn), false)
 		for i, ln := range lns {
-			go relay(ln, s.Relays[i].Kind, uc)
+			go relay(ln, s.Relays[i].Kind, ctl)
 		}
 	}
+	var out *os.File
+	if ctlLn != nil {
+		// The program's output goes to whichever caller is attached; with
+		// none it is dropped (and counted), never left to block the
+		// program or to break a pipe to a caller that is gone.
+		signal.Ignore(syscall.SIGPIPE)
+		r, w, err := os.Pipe()
+		if err != nil {
+			fail("output pipe", err, "")
+		}
+		out = w
+		ctl.drained = make(chan struct{})
+		go ctl.forward(r)
+	}
 
-	pid := startProgram(s, w.Privileged, w.Descriptors)
+	pid := startProgram(s, w.Privileged, w.Descriptors, out)
+	if out != nil {
+		out.Close()
+	}
+	ctl.setPID(pid)
+	if ctlLn != nil {
+		go ctl.serve(ctlLn)
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	go func() {
@@ -125,15 +167,15 @@ func runInit() {
 		}
 		switch {
 		case ws.Exited():
-			os.Exit(ws.ExitStatus())
+			ctl.exit(ws.ExitStatus())
 		case ws.Signaled():
-			os.Exit(128 + int(ws.Signal()))
+			ctl.exit(128 + int(ws.Signal()))
 		}
 	}
 }
 
 // relay hands every connection accepted on ln to the caller.
-func relay(ln *net.TCPListener, kind byte, to *net.UnixConn) {
+func relay(ln *net.TCPListener, kind byte, ctl *control) {
 	for {
 		c, err := ln.AcceptTCP()
 		if err != nil {
@@ -144,13 +186,213 @@ func relay(ln *net.TCPListener, kind byte, to *net.UnixConn) {
 		if err != nil {
 			continue
 		}
-		_, _, err = to.WriteMsgUnix([]byte{kind}, unix.UnixRights(int(f.Fd())), nil)
-		f.Close()
+		ctl.handOff(kind, f)
+	}
+}
+
+// control is the init's side of its caller: the one attached, or, for a
+// Control jail between two callers, none.
+type control struct {
+	orphan time.Duration
+	tag    string
+	keep   bool // a Control jail: it outlives its caller
+
+	mu      sync.Mutex
+	pid     int
+	cur     *net.UnixConn
+	gen     int
+	waiting []waiting // relay connections made while no caller was attached
+	dropped int64     // output bytes dropped while no caller was attached
+	timer   *time.Timer
+	drained chan struct{} // closed when the program's output has all been read
+}
+
+type waiting struct {
+	kind byte
+	f    *os.File
+}
+
+// maxWaiting bounds the relay connections held for the next caller.
+const maxWaiting = 64
+
+func (c *control) setPID(pid int) {
+	c.mu.Lock()
+	c.pid = pid
+	c.mu.Unlock()
+}
+
+// serve takes each new caller of a Control jail: the newest one wins.
+func (c *control) serve(ln *net.UnixListener) {
+	for {
+		conn, err := ln.AcceptUnix()
 		if err != nil {
-			// The caller is gone: so is the way out.
+			return
+		}
+		// Only a process outside the jail's PID namespace, with the
+		// caller's user: nothing inside the jail (which cannot see the
+		// path anyway) may take it over.
+		ok := false
+		if raw, err := conn.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) {
+				cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+				ok = err == nil && cred.Pid == 0 && cred.Uid == 0
+			})
+		}
+		if !ok {
+			conn.Close()
+			continue
+		}
+		c.attach(conn, true)
+	}
+}
+
+// attach makes conn the caller: it is greeted, then receives what waited.
+func (c *control) attach(conn *net.UnixConn, greet bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil {
+		c.cur.Close()
+	}
+	c.cur = conn
+	c.gen++
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if greet {
+		conn.Write(append([]byte{msgHello}, c.tag...))
+	}
+	if c.dropped > 0 {
+		c.sendLocked([]byte(fmt.Sprintf("%cjail: %d bytes of output were dropped while no caller was attached\n", msgOutput, c.dropped)), nil)
+		c.dropped = 0
+	}
+	for _, w := range c.waiting {
+		c.sendLocked([]byte{msgRelay, w.kind}, w.f)
+		w.f.Close()
+	}
+	c.waiting = nil
+	go c.read(conn, c.gen)
+}
+
+// read follows the caller's requests until it goes away.
+func (c *control) read(conn *net.UnixConn, gen int) {
+	buf := make([]byte, 32)
+	for {
+		n, err := conn.Read(buf)
+		if err != nil || n == 0 {
+			break
+		}
+		c.mu.Lock()
+		pid := c.pid
+		if buf[0] == msgOrphan {
+			if d, err := strconv.ParseInt(string(buf[1:n]), 10, 64); err == nil && d >= 0 {
+				c.orphan = time.Duration(d)
+			}
+		}
+		c.mu.Unlock()
+		switch {
+		case buf[0] == msgSignal && n == 2 && pid > 0:
+			syscall.Kill(pid, syscall.Signal(buf[1]))
+		case buf[0] == msgKill:
+			os.Exit(137)
+		}
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		c.lostLocked()
+	}
+	c.mu.Unlock()
+}
+
+// lostLocked notes that the caller is gone. A jail without Control has no
+// way to the next one: its init dies with its caller (Pdeathsig).
+func (c *control) lostLocked() {
+	if c.cur != nil {
+		c.cur.Close()
+		c.cur = nil
+	}
+	if !c.keep || c.timer != nil {
+		return
+	}
+	c.timer = time.AfterFunc(c.orphan, c.orphaned)
+}
+
+// orphaned stops the program of a jail no caller came back to.
+func (c *control) orphaned() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil || c.pid == 0 {
+		return
+	}
+	syscall.Kill(c.pid, syscall.SIGTERM)
+	time.AfterFunc(5*time.Second, func() { os.Exit(137) })
+}
+
+// sendLocked sends one message; a failed send means the caller is gone.
+func (c *control) sendLocked(msg []byte, f *os.File) bool {
+	if c.cur == nil {
+		return false
+	}
+	var oob []byte
+	if f != nil {
+		oob = unix.UnixRights(int(f.Fd()))
+	}
+	if _, _, err := c.cur.WriteMsgUnix(msg, oob, nil); err != nil {
+		c.lostLocked()
+		return false
+	}
+	return true
+}
+
+// handOff gives a relay connection to the caller, or keeps it for the
+// next one (a Control jail between callers), within a bound.
+func (c *control) handOff(kind byte, f *os.File) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sendLocked([]byte{msgRelay, kind}, f) {
+		f.Close()
+		return
+	}
+	if c.keep && len(c.waiting) < maxWaiting {
+		c.waiting = append(c.waiting, waiting{kind, f})
+		return
+	}
+	f.Close()
+}
+
+// forward sends the program's output to the caller.
+func (c *control) forward(r *os.File) {
+	defer close(c.drained)
+	buf := make([]byte, maxPacket-1)
+	for {
+		n, err := r.Read(buf[1:])
+		if n > 0 {
+			buf[0] = msgOutput
+			c.mu.Lock()
+			if !c.sendLocked(buf[:1+n], nil) {
+				c.dropped += int64(n)
+			}
+			c.mu.Unlock()
+		}
+		if err != nil {
 			return
 		}
 	}
+}
+
+// exit reports the program's status to the caller and ends the jail.
+func (c *control) exit(code int) {
+	if c.drained != nil {
+		// What the program wrote last goes first (a process it left
+		// behind may hold the pipe open: not for long).
+		select {
+		case <-c.drained:
+		case <-time.After(time.Second):
+		}
+	}
+	c.mu.Lock()
+	c.sendLocked([]byte(fmt.Sprintf("%c%d", msgExit, code)), nil)
+	os.Exit(code)
 }
 
 func orDefault(s, def string) string {
@@ -161,12 +403,16 @@ func orDefault(s, def string) string {
 }
 
 // startProgram starts the program with the descriptors the caller passed.
-func startProgram(s *Spec, privileged bool, nfiles int) int {
+// out, when set, is its stdout and stderr instead of the init's.
+func startProgram(s *Spec, privileged bool, nfiles int, out *os.File) int {
 	argv0 := s.Argv[0]
 	if !strings.Contains(argv0, "/") {
 		argv0 = lookPath(argv0, s.Env)
 	}
 	files := []uintptr{0, 1, 2}
+	if out != nil {
+		files[1], files[2] = out.Fd(), out.Fd()
+	}
 	for i := range nfiles {
 		files = append(files, uintptr(fdFirst+i))
 	}

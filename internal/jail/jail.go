@@ -27,14 +27,25 @@
 // the relay's kind byte, to the caller over a socket pair (the connection's
 // own descriptor crosses, so no bytes are copied by the init). The caller
 // decides what each kind may reach.
+//
+// A jail with a Control path outlives its caller: the init also listens on
+// that unix socket (bound on the host before the jail is entered, so
+// nothing inside can see it), and whichever caller is attached receives the
+// relays' connections, the program's output and its exit status, and may
+// signal or kill it. A later process attaches (Attach) and takes over; with
+// no caller attached for Spec.Orphan, the jail stops by itself. This is how
+// a gateway restart leaves its interns' runs alive.
 package jail
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"time"
 )
 
 // InitArg0 is the argv[0] that makes a binary importing this package act as
@@ -103,19 +114,50 @@ type Spec struct {
 	// Probe builds the jail and exits 0 without running a program: the
 	// check that this machine can make jails.
 	Probe bool `json:"probe,omitempty"`
+	// Control, a host path, makes the jail outlive its caller (see the
+	// package comment). Its directory must be the caller's alone.
+	Control string `json:"control,omitempty"`
+	// Orphan is how long a Control jail runs with no caller attached
+	// before it stops its program (SIGTERM, then everything 5 s later).
+	// 0 stops it as soon as its caller is gone, as a jail without Control.
+	Orphan time.Duration `json:"orphan,omitempty"`
+	// Tag is what the init tells each caller that attaches: which jail
+	// this is (the caller decides whether it is the one it wants).
+	Tag string `json:"tag,omitempty"`
 
 	// Set by Start, read by the init.
 	privileged bool
 }
 
-// Jail is a started jail.
+// Jail is a started or attached jail.
 type Jail struct {
-	// Process is the init; it exits with the program's status.
+	// Process is the init of a started jail (nil for an attached one); it
+	// exits with the program's status.
 	Process *os.Process
-	relays  *net.UnixConn
-	done    chan struct{}
-	state   *os.ProcessState
-	err     error
+	// conn carries relay connections, and with Control the program's
+	// output and exit, from the init; and signals to it.
+	conn  *net.UnixConn
+	conns chan accepted
+	// done closes when the init has exited (without Control), or when the
+	// control connection has ended (with it: the init exited, another
+	// caller attached, or Detach).
+	done   chan struct{}
+	reaped chan struct{} // a started jail's init has exited
+	state  *os.ProcessState
+	err    error
+
+	control bool
+	tag     string
+	pid     int
+	output  io.Writer
+	mu      sync.Mutex
+	exit    int           // the program's status as the init reported it; -1 unknown
+	gone    chan struct{} // closed by Detach
+}
+
+type accepted struct {
+	kind byte
+	c    net.Conn
 }
 
 // ErrUnsupported is returned where the platform has no namespaces.
@@ -128,15 +170,26 @@ type Options struct {
 	Stdout, Stderr *os.File
 	// Files are passed to the program as descriptors 3, 4, …
 	Files []*os.File
+	// Output receives the program's stdout and stderr of a Control jail,
+	// forwarded by the init to the attached caller (Stdout and Stderr then
+	// get only the init's own errors while it builds the jail).
+	Output io.Writer
 }
 
-// Wait waits for the init to exit and returns its state.
+// Wait waits for a started jail's init to exit and returns its state (for
+// an attached one, only until it is no longer attached).
 func (j *Jail) Wait() (*os.ProcessState, error) {
-	<-j.done
+	if j.reaped == nil {
+		<-j.done
+		return nil, nil
+	}
+	<-j.reaped
 	return j.state, j.err
 }
 
-// Done is closed when the init has exited.
+// Done is closed when the init has exited, or for a Control jail when this
+// caller is no longer attached (the init exited, Detach, or another caller
+// attached).
 func (j *Jail) Done() <-chan struct{} { return j.done }
 
 // check validates a Spec before any process starts.
@@ -154,6 +207,12 @@ func (s *Spec) check() error {
 			return fmt.Errorf("jail: relay port %d", r.Port)
 		}
 	}
+	if s.Control != "" && !filepath.IsAbs(s.Control) {
+		return fmt.Errorf("jail: control path %s must be absolute", s.Control)
+	}
+	if s.Orphan < 0 {
+		return errors.New("jail: negative orphan timeout")
+	}
 	return nil
 }
 
@@ -166,4 +225,33 @@ func SystemBinds() []Bind {
 		out = append(out, Bind{Src: p, Dst: p, Optional: true})
 	}
 	return out
+}
+
+// Messages between the init and its caller, one per packet
+// (SOCK_SEQPACKET keeps their boundaries).
+const (
+	msgHello  = 'h' // init → caller: 'h' + Tag, first on every control connection
+	msgRelay  = 'r' // init → caller: 'r' + kind, with the connection's descriptor
+	msgOutput = 'o' // init → caller: 'o' + a chunk of the program's output
+	msgExit   = 'x' // init → caller: 'x' + the program's status in decimal; the init then exits
+	msgSignal = 's' // caller → init: 's' + a signal number (one byte) for the program
+	msgKill   = 'k' // caller → init: end the jail now
+	msgOrphan = 'a' // caller → init: 'a' + Spec.Orphan in nanoseconds, decimal, from now on
+)
+
+// maxPacket bounds one message (an output chunk is at most this less one).
+const maxPacket = 32 << 10
+
+// Pid is the init's pid in this process's PID namespace.
+func (j *Jail) Pid() int { return j.pid }
+
+// Tag returns what the jail's init said it is (Spec.Tag; Control jails).
+func (j *Jail) Tag() string { return j.tag }
+
+// Exit returns the program's status once a Control jail's init reported
+// it (ok false if it ended without saying: killed, or detached).
+func (j *Jail) Exit() (code int, ok bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.exit, j.exit >= 0
 }

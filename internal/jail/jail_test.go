@@ -21,9 +21,12 @@ import (
 // TestMain: the test binary doubles as the program inside the jails, where
 // it reports what it can reach.
 func TestMain(m *testing.M) {
-	if os.Getenv("JAILTEST_PROGRAM") == "1" {
+	switch os.Getenv("JAILTEST_PROGRAM") {
+	case "1":
 		inside()
 		os.Exit(0)
+	case "control":
+		controlProgram()
 	}
 	os.Exit(m.Run())
 }

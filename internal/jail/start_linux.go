@@ -4,11 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,7 +27,8 @@ type wire struct {
 
 // Start starts the jail's init. The program starts once the init has built
 // the jail; if the init cannot build it, it exits with status 126 and says
-// why on Stderr (see Probe for a check with a readable error).
+// why on Stderr (see Probe for a check with a readable error). A jail with
+// Spec.Control has this caller attached (see Attach).
 func Start(spec Spec, o Options) (*Jail, error) {
 	if err := spec.check(); err != nil {
 		return nil, err
@@ -31,6 +36,11 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	w := wire{Spec: spec, Privileged: os.Geteuid() == 0 && !spec.UserNS, Descriptors: len(o.Files)}
 	if w.Privileged && (spec.UID <= 0 || spec.GID <= 0) {
 		return nil, errors.New("jail: a root caller must name the program's unprivileged uid and gid")
+	}
+	if spec.Control != "" {
+		if err := removeStale(spec.Control); err != nil {
+			return nil, err
+		}
 	}
 	payload, err := json.Marshal(w)
 	if err != nil {
@@ -41,37 +51,41 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		return nil, err
 	}
 	defer specR.Close()
-	var relayEnd *os.File
-	var relays *net.UnixConn
-	if len(spec.Relays) > 0 {
+	var initEnd *os.File
+	var conn *net.UnixConn
+	if len(spec.Relays) > 0 || spec.Control != "" {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			specW.Close()
 			return nil, fmt.Errorf("jail: relay socket: %w", err)
 		}
 		mine := os.NewFile(uintptr(fds[0]), "jail-relays")
-		relayEnd = os.NewFile(uintptr(fds[1]), "jail-relays-init")
-		defer relayEnd.Close()
+		initEnd = os.NewFile(uintptr(fds[1]), "jail-relays-init")
+		defer initEnd.Close()
 		c, err := net.FileConn(mine)
 		mine.Close()
 		if err != nil {
 			specW.Close()
 			return nil, fmt.Errorf("jail: relay socket: %w", err)
 		}
-		relays = c.(*net.UnixConn)
+		conn = c.(*net.UnixConn)
+	}
+	sys := &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		Setpgid:    true,
+	}
+	if spec.Control == "" {
+		// No jail outlives its caller, unless it has a control socket for
+		// the next one.
+		sys.Pdeathsig = syscall.SIGKILL
 	}
 	cmd := &exec.Cmd{
 		// The init is this very binary, whatever has become of its path.
-		Path:       "/proc/self/exe",
-		Args:       []string{InitArg0},
-		Env:        []string{},
-		ExtraFiles: append([]*os.File{specR, relayEnd}, o.Files...),
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-			// No jail outlives its caller.
-			Pdeathsig: syscall.SIGKILL,
-			Setpgid:   true,
-		},
+		Path:        "/proc/self/exe",
+		Args:        []string{InitArg0},
+		Env:         []string{},
+		ExtraFiles:  append([]*os.File{specR, initEnd}, o.Files...),
+		SysProcAttr: sys,
 	}
 	if o.Stdout != nil {
 		cmd.Stdout = o.Stdout
@@ -86,8 +100,8 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		specW.Close()
-		if relays != nil {
-			relays.Close()
+		if conn != nil {
+			conn.Close()
 		}
 		return nil, fmt.Errorf("jail: start: %w%s", err, startHint(err))
 	}
@@ -95,16 +109,239 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		specW.Write(payload)
 		specW.Close()
 	}()
-	j := &Jail{Process: cmd.Process, relays: relays, done: make(chan struct{})}
+	j := &Jail{Process: cmd.Process, conn: conn, done: make(chan struct{}), control: spec.Control != "",
+		tag: spec.Tag, pid: cmd.Process.Pid, output: o.Output, exit: -1}
+	reaped := make(chan struct{})
+	j.reaped = reaped
 	go func() {
 		j.err = cmd.Wait()
 		j.state = cmd.ProcessState
-		if relays != nil {
-			relays.Close()
-		}
-		close(j.done)
+		close(reaped)
 	}()
+	if conn != nil {
+		j.conns = make(chan accepted)
+		go j.read(reaped)
+	}
+	if !j.control {
+		go func() {
+			<-reaped
+			if conn != nil {
+				conn.Close()
+			}
+			close(j.done)
+		}()
+	}
 	return j, nil
+}
+
+// removeStale removes a control socket no init listens on any more (a jail
+// that ended without removing it, a reboot); a live one is an error.
+func removeStale(path string) error {
+	c, err := dialControl(path)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("jail: a jail already listens at %s", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("jail: remove a stale control socket: %w", err)
+	}
+	return nil
+}
+
+// Alive reports whether a jail listens at the control path (it does not
+// attach).
+func Alive(path string) bool {
+	c, err := dialControl(path)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func dialControl(path string) (*net.UnixConn, error) {
+	name, done, err := sockName(path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: name, Net: "unixpacket"})
+}
+
+// sockName is a name for the unix socket at path that fits in a socket
+// address (108 bytes): path itself, or for a longer one the same file
+// through a descriptor of its directory, which done closes.
+func sockName(path string) (name string, done func(), err error) {
+	if len(path) < 100 {
+		return path, func() {}, nil
+	}
+	dir, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", dir, filepath.Base(path)), func() { unix.Close(dir) }, nil
+}
+
+// Attach connects to the running jail whose Spec.Control is path and takes
+// it over from its previous caller: relay connections, the program's
+// output (to output) and its exit come here from now on. The jail's Tag
+// says which jail it is.
+func Attach(path string, output io.Writer) (*Jail, error) {
+	c, err := dialControl(path)
+	if err != nil {
+		return nil, err
+	}
+	// The init's pid as this process sees it (it is 1 in its own PID
+	// namespace): the credentials of the socket's listener.
+	pid := 0
+	if raw, err := c.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				pid = int(cred.Pid)
+			}
+		})
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, maxPacket)
+	n, err := c.Read(buf)
+	if err != nil || n == 0 || buf[0] != msgHello {
+		c.Close()
+		if err == nil {
+			err = errors.New("no greeting")
+		}
+		return nil, fmt.Errorf("jail: attach %s: %w", path, err)
+	}
+	c.SetReadDeadline(time.Time{})
+	j := &Jail{conn: c, conns: make(chan accepted), done: make(chan struct{}), control: true,
+		tag: string(buf[1:n]), pid: pid, output: output, exit: -1}
+	go j.read(nil)
+	return j, nil
+}
+
+// read receives the init's messages until the connection ends. Without
+// Control the connection ends with the init (reaped closes then).
+func (j *Jail) read(reaped <-chan struct{}) {
+	defer close(j.conns)
+	if j.control {
+		defer close(j.done)
+		defer j.conn.Close()
+	}
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := j.conn.ReadMsgUnix(buf, oob)
+		if err != nil || (n == 0 && oobn == 0) {
+			return
+		}
+		var fd = -1
+		if oobn > 0 {
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, m := range msgs {
+					fds, _ := unix.ParseUnixRights(&m)
+					for _, f := range fds {
+						if fd < 0 {
+							fd = f
+						} else {
+							unix.Close(f)
+						}
+					}
+				}
+			}
+		}
+		switch {
+		case n == 2 && buf[0] == msgRelay && fd >= 0:
+			f := os.NewFile(uintptr(fd), "relay")
+			c, err := net.FileConn(f)
+			f.Close()
+			if err != nil {
+				continue
+			}
+			select {
+			case j.conns <- accepted{buf[1], c}:
+			case <-j.stopped(reaped):
+				c.Close()
+				return
+			}
+			continue
+		case n > 0 && buf[0] == msgOutput && j.control:
+			if j.output != nil {
+				j.output.Write(buf[1:n])
+			}
+		case n > 1 && buf[0] == msgExit && j.control:
+			if code, err := strconv.Atoi(string(buf[1:n])); err == nil {
+				j.mu.Lock()
+				j.exit = code
+				j.mu.Unlock()
+			}
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// stopped is closed when nobody will take relay connections any more.
+func (j *Jail) stopped(reaped <-chan struct{}) <-chan struct{} {
+	if j.control {
+		return j.detached()
+	}
+	return reaped
+}
+
+// detached is closed by Detach (and Kill) of a Control jail.
+func (j *Jail) detached() <-chan struct{} {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.gone == nil {
+		j.gone = make(chan struct{})
+	}
+	return j.gone
+}
+
+// Detach lets go of a Control jail without stopping it: it runs on, for
+// Spec.Orphan, until a caller attaches again.
+func (j *Jail) Detach() {
+	j.detached()
+	j.mu.Lock()
+	select {
+	case <-j.gone:
+	default:
+		close(j.gone)
+	}
+	j.mu.Unlock()
+	if j.conn != nil {
+		j.conn.Close()
+	}
+}
+
+// Signal sends sig to the program (a Control jail's init passes it on, as
+// an init started here does with the signals it receives).
+func (j *Jail) Signal(sig syscall.Signal) error {
+	if j.control {
+		_, err := j.conn.Write([]byte{msgSignal, byte(sig)})
+		return err
+	}
+	return j.Process.Signal(sig)
+}
+
+// SetOrphan changes a Control jail's Spec.Orphan: the caller attached now
+// decides how long the jail runs on without it.
+func (j *Jail) SetOrphan(d time.Duration) error {
+	if !j.control || d < 0 {
+		return errors.New("jail: no control socket, or a negative orphan timeout")
+	}
+	_, err := j.conn.Write([]byte(fmt.Sprintf("%c%d", msgOrphan, int64(d))))
+	return err
+}
+
+// Kill ends the jail and everything in it at once.
+func (j *Jail) Kill() {
+	if j.control {
+		j.conn.Write([]byte{msgKill})
+	}
+	if j.Process != nil {
+		j.Process.Kill()
+	}
 }
 
 // startHint names the kernel feature behind a failed clone.
@@ -121,40 +358,17 @@ func startHint(err error) string {
 }
 
 // Accept returns the next connection a program made to a relay, with the
-// relay's kind. It fails once the jail has exited.
+// relay's kind. It fails once the jail has exited (or, with Control, once
+// this caller is no longer attached).
 func (j *Jail) Accept() (kind byte, c net.Conn, err error) {
-	if j.relays == nil {
+	if j.conns == nil {
 		return 0, nil, errors.New("jail: no relays")
 	}
-	buf := make([]byte, 1)
-	oob := make([]byte, unix.CmsgSpace(4))
-	for {
-		n, oobn, _, _, err := j.relays.ReadMsgUnix(buf, oob)
-		if err != nil {
-			return 0, nil, err
-		}
-		if n == 0 && oobn == 0 {
-			return 0, nil, errors.New("jail: relays closed")
-		}
-		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-		if err != nil || len(msgs) != 1 {
-			continue
-		}
-		fds, err := unix.ParseUnixRights(&msgs[0])
-		if err != nil || len(fds) != 1 {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
-			continue
-		}
-		f := os.NewFile(uintptr(fds[0]), "relay")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil || n != 1 {
-			continue
-		}
-		return buf[0], c, nil
+	a, ok := <-j.conns
+	if !ok {
+		return 0, nil, errors.New("jail: relays closed")
 	}
+	return a.kind, a.c, nil
 }
 
 // Probe builds a jail like spec's (without running its program) and
