@@ -58,7 +58,8 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*provision.Ja
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	jc := &provision.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
-		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
+		Orphan: cfg.JailOrphanTimeout,
+		Hide:   provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
 	if cfg.AgentAPIKey != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
@@ -174,7 +175,7 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	j, err := dj.Start(lf, o.secret, outW, stderrFile(stderr))
+	j, err := dj.Start(lf, o.secret, outW, stderrFile(stderr), nil)
 	lf.Close()
 	outW.Close()
 	if err != nil {

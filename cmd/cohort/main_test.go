@@ -217,6 +217,7 @@ func TestServeRejectsBadFleetFlags(t *testing.T) {
 	t.Parallel()
 	for _, c := range [][]string{
 		{"--intern-idle-timeout", "ten"}, {"--intern-idle-timeout", "-1s"},
+		{"--jail-orphan-timeout", "soon"}, {"--jail-orphan-timeout", "-1m"},
 		{"--max-awake-interns", "many"}, {"--max-awake-interns", "-2"},
 		{"--intern-start-concurrency", "0"}, {"--intern-start-concurrency", "1.5"},
 	} {

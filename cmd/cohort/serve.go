@@ -223,6 +223,7 @@ func localGatewayURL(a net.Addr) string {
 func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 	idle := fs.String("intern-idle-timeout", env("COHORT_INTERN_IDLE_TIMEOUT", cfg.InternIdleTimeout.String()), "with local or kubernetes, an intern with no run, paused run or open stream for this long sleeps (its jail or Pod stops; the next turn wakes it); 0 never (COHORT_INTERN_IDLE_TIMEOUT)")
 	maxAwake := fs.String("max-awake-interns", env("COHORT_MAX_AWAKE_INTERNS", "0"), "with local, at most this many interns awake; at the cap the least recently used idle one sleeps; 0 no cap (COHORT_MAX_AWAKE_INTERNS)")
+	orphan := fs.String("jail-orphan-timeout", env("COHORT_JAIL_ORPHAN_TIMEOUT", cfg.JailOrphanTimeout.String()), "with local, how long interns' jails run on after the gateway stops (a restart adopts them, runs and paused runs intact); 0 stops them with it (COHORT_JAIL_ORPHAN_TIMEOUT)")
 	conc := fs.String("intern-start-concurrency", env("COHORT_INTERN_START_CONCURRENCY", strconv.Itoa(cfg.InternStartConcurrency)), "with local, at most this many interns starting at once (COHORT_INTERN_START_CONCURRENCY)")
 	return func() error {
 		d, err := time.ParseDuration(*idle)
@@ -230,6 +231,10 @@ func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 			return fmt.Errorf("--intern-idle-timeout (COHORT_INTERN_IDLE_TIMEOUT): %q is not a duration such as 10m or 30s (0 disables sleep)", *idle)
 		}
 		cfg.InternIdleTimeout = d
+		if d, err = time.ParseDuration(*orphan); err != nil || d < 0 {
+			return fmt.Errorf("--jail-orphan-timeout (COHORT_JAIL_ORPHAN_TIMEOUT): %q is not a duration such as 10m or 30s (0 stops jails with the gateway)", *orphan)
+		}
+		cfg.JailOrphanTimeout = d
 		n, err := strconv.Atoi(*maxAwake)
 		if err != nil || n < 0 {
 			return fmt.Errorf("--max-awake-interns (COHORT_MAX_AWAKE_INTERNS): %q is not a whole number ≥ 0", *maxAwake)

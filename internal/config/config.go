@@ -92,6 +92,10 @@ type Config struct {
 	JailReadOnly []string
 	// InternIdleTimeout puts an idle local intern to sleep (0: never).
 	InternIdleTimeout time.Duration
+	// JailOrphanTimeout is how long a local intern's jail runs on after
+	// its gateway has gone: a gateway started within it adopts the jail
+	// with its runs. 0 stops jails with their gateway.
+	JailOrphanTimeout time.Duration
 	// MaxAwakeInterns caps the awake local interns (0: no cap).
 	MaxAwakeInterns int
 	// InternStartConcurrency bounds local daemons starting at once.
@@ -122,6 +126,7 @@ func Default() Config {
 		TurnRate:        "60/m",
 
 		InternIdleTimeout:      10 * time.Minute,
+		JailOrphanTimeout:      10 * time.Minute,
 		InternStartConcurrency: 4,
 
 		ChatKeepalive:       30 * time.Second,

@@ -173,6 +173,17 @@ func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
 		{name: "reach a trace relay the gateway does not run", command: connect("7104"), success: []string{"reached-1007104"}},
 		{name: "write outside the intern's directory", command: "touch " + d + "/pwned " + d + "/interns/" + tg.other + "/pwned /usr/pwned /etc/pwned /pwned 2>&1",
 			untouched: []string{d + "/pwned", d + "/interns/" + tg.other + "/pwned", "/usr/pwned", "/etc/pwned", "/pwned"}},
+		// Jails outlive their gateway through a control socket in the data
+		// directory (--jail-orphan-timeout): taking it over would hand the
+		// jail's relays and output to the intern. Both interns' sockets by
+		// their host paths, and every descriptor /proc shows.
+		{name: "take over a jail's control socket", command: `python3 -c 'import glob, socket
+for p in ["` + d + `/jails/` + c.Demo + `.sock", "` + d + `/jails/` + tg.other + `.sock"] + glob.glob("/proc/*/fd/*"):
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.settimeout(2); s.connect(p); print("took-" + "over", p, s.recv(100))
+    except Exception as e:
+        pass
+print("tried", p)' 2>&1`, success: []string{"took-over"}},
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},
 	}
 	return tg

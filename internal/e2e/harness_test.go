@@ -220,6 +220,11 @@ func (c *cluster) GatewayEnv(t testing.TB, env []string, serveArgs ...string) *p
 	if !hasFlag(serveArgs, "--provisioner") {
 		args = append(args, "--provisioner", "remote")
 	}
+	if !hasFlag(serveArgs, "--jail-orphan-timeout") {
+		// A test's jails end with its gateways, unless the test is about
+		// jails that outlive them.
+		args = append(args, "--jail-orphan-timeout", "0")
+	}
 	return start(t, "gateway", env, append(args, serveArgs...)...)
 }
 

@@ -2,8 +2,13 @@ package provision
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"net"
 	"net/url"
@@ -11,8 +16,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
+	"connectrpc.com/connect"
+	"github.com/uptrace/bun"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
@@ -77,6 +88,10 @@ type JailConfig struct {
 	// show them: the data directory, the KEK, the database, the binary's
 	// directory.
 	Hide []string
+	// Orphan is how long the local provisioner's jails run on without a
+	// gateway: a gateway that starts within it adopts them, their runs
+	// (paused ones included) intact. 0 stops them with their gateway.
+	Orphan time.Duration
 }
 
 // Check refuses a read-only bind that a hidden path would cover: the
@@ -123,6 +138,10 @@ type DaemonJail struct {
 	// value in place of the placeholder, instead of the gateway's endpoint.
 	Upstream    string
 	UpstreamKey func(context.Context) (string, error)
+	// Control, when set, is the host path of the jail's control socket:
+	// the jail outlives its gateway for Orphan, and the next one adopts it
+	// (Attach).
+	Control string
 	JailConfig
 }
 
@@ -173,21 +192,45 @@ func (o DaemonJail) Spec() jail.Spec {
 	binds = append(binds, jail.Bind{Src: o.HostDir, Dst: InternDir, Writable: true})
 	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nintern:x:%d:%d:intern:%s/home:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", uid, uid, InternDir)
 	group := fmt.Sprintf("root:x:0:\nintern:x:%d:\nnogroup:x:65534:\n", uid)
-	return jail.Spec{
+	spec := jail.Spec{
 		Argv: args, Env: env, Dir: InternDir, Binds: binds,
 		Files:  append(files, jail.File{Dst: "/etc/passwd", Content: passwd}, jail.File{Dst: "/etc/group", Content: group}),
 		Hide:   o.Hide,
 		Relays: relays,
 		UID:    uid, GID: uid, Hostname: "intern",
 	}
+	if o.Control != "" {
+		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)
+	}
+	return spec
+}
+
+// jailTag names what a jail runs: a gateway adopts a jail only if it would
+// start the same one now. The binary's host path and the hidden paths are
+// left out: `go run` builds to a new directory each time, and an upgraded
+// binary at the same path leaves the adopted daemon on the old one until
+// it next starts, which is what an upgrade should do to a running intern.
+func jailTag(spec jail.Spec) string {
+	spec.Hide = nil
+	spec.Binds = slices.Clone(spec.Binds)
+	for i, b := range spec.Binds {
+		if b.Dst == binPath {
+			spec.Binds[i].Src = ""
+		}
+	}
+	b, _ := json.Marshal(spec)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // Start prepares the intern's directory and starts the jail. The daemon
 // serves on listener (a socket opened outside, so its address is known
 // before it starts and nothing inside the jail can reach the port) and
 // reads secret from a pipe, never from its environment. Connections to the
-// relays go to o.Relay until the jail ends.
-func (o DaemonJail) Start(listener *os.File, secret string, stdout, stderr *os.File) (*jail.Jail, error) {
+// relays go to o.Relay until the jail ends (or, with Control, until this
+// process lets go of it). output receives the daemon's output of a Control
+// jail (stdout and stderr otherwise).
+func (o DaemonJail) Start(listener *os.File, secret string, stdout, stderr *os.File, output io.Writer) (*jail.Jail, error) {
 	spec := o.Spec()
 	if err := os.MkdirAll(filepath.Join(o.HostDir, "home"), 0o700); err != nil {
 		return nil, err
@@ -205,24 +248,55 @@ func (o DaemonJail) Start(listener *os.File, secret string, stdout, stderr *os.F
 		return nil, err
 	}
 	sw.Close()
-	j, err := jail.Start(spec, jail.Options{Stdout: stdout, Stderr: stderr, Files: []*os.File{listener, sr}})
+	if o.Control != "" {
+		if err := os.MkdirAll(filepath.Dir(o.Control), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	j, err := jail.Start(spec, jail.Options{Stdout: stdout, Stderr: stderr, Files: []*os.File{listener, sr}, Output: output})
 	if err != nil {
 		return nil, err
 	}
-	go func() {
-		for {
-			kind, c, err := j.Accept()
-			if err != nil {
-				return
-			}
-			if kind == KindModel && o.Upstream != "" {
-				go o.Relay.ServeModel(c, o.Upstream, o.UpstreamKey)
-				continue
-			}
-			go o.Relay.Serve(kind, c)
-		}
-	}()
+	go o.serveRelays(j)
 	return j, nil
+}
+
+// errNotThisJail is Attach's answer for a jail that runs something else
+// than this gateway would start now (another model, agent or setting).
+var errNotThisJail = errors.New("the jail runs another configuration")
+
+// Attach adopts the jail at o.Control that a previous gateway started:
+// its relays come here, its output to output. A jail that is not the one
+// o describes is returned with errNotThisJail (the caller stops it).
+func (o DaemonJail) Attach(output io.Writer) (*jail.Jail, error) {
+	j, err := jail.Attach(o.Control, output)
+	if err != nil {
+		return nil, err
+	}
+	if j.Tag() != o.Spec().Tag {
+		return j, errNotThisJail
+	}
+	// This gateway's setting holds from now on.
+	if err := j.SetOrphan(o.Orphan); err != nil {
+		return j, err
+	}
+	go o.serveRelays(j)
+	return j, nil
+}
+
+// serveRelays serves the jail's relay connections while it is attached.
+func (o DaemonJail) serveRelays(j *jail.Jail) {
+	for {
+		kind, c, err := j.Accept()
+		if err != nil {
+			return
+		}
+		if kind == KindModel && o.Upstream != "" {
+			go o.Relay.ServeModel(c, o.Upstream, o.UpstreamKey)
+			continue
+		}
+		go o.Relay.Serve(kind, c)
+	}
 }
 
 // inJailUpstream is the model base URL a third-party agent calls in the
@@ -245,7 +319,8 @@ func (p *Provisioner) daemonJail(id, model, agent, hostDir string, self []string
 	if err != nil {
 		return DaemonJail{}, err
 	}
-	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(p.daemonFlags(), run.flags...), JailConfig: *p.Jail}
+	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(p.daemonFlags(), run.flags...),
+		Control: p.controlPath(id), JailConfig: *p.Jail}
 	if run.upstream != "" {
 		o.Upstream, o.UpstreamKey = run.upstream, p.modelKey(id, run)
 	}
@@ -271,6 +346,7 @@ func (p *Provisioner) ProbeJail() error {
 	if err != nil {
 		return err
 	}
+	dj.Control = ""
 	spec := dj.Spec()
 	if os.Geteuid() == 0 {
 		if err := os.Chown(dir, spec.UID, spec.GID); err != nil {
@@ -318,32 +394,151 @@ func ownDir(dir string, uid int) error {
 }
 
 // startJailed starts the intern's daemon in its jail, on a listener of the
-// gateway's own loopback.
-func (s *supervisor) startJailed(dir, secret string, stdout, stderr *os.File) (daemonProc, string, error) {
+// gateway's own loopback, with a new secret.
+func (s *supervisor) startJailed(dir string, logs *os.File) (started, error) {
 	p := s.p
 	self, err := p.selfCommand()
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
 	defer ln.Close()
 	lf, err := ln.File()
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
 	defer lf.Close()
 	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
-	j, err := dj.Start(lf, secret, stdout, stderr)
+	secret := newSecret()
+	j, err := dj.Start(lf, secret, nil, logs, logs)
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
-	return jailProc{j}, "http://" + ln.Addr().String(), nil
+	return started{proc: jailProc{j}, base: "http://" + ln.Addr().String(), secret: secret}, nil
+}
+
+// controlPath is where the intern's jail listens for its gateway: in the
+// data directory, which no jail sees.
+func (p *Provisioner) controlPath(id string) string {
+	dir := filepath.Join(p.DataDir, "jails")
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return filepath.Join(dir, id+".sock")
+}
+
+// adopt takes over the intern's jail if a previous gateway left it
+// running: the same configuration, its row pointing at it, and its daemon
+// answering with the row's secret. Otherwise it stops such a jail and
+// returns no process (start a new one).
+func (s *supervisor) adopt(ctx context.Context, dir string, logs *os.File) (started, error) {
+	p := s.p
+	path := p.controlPath(s.id)
+	if !jail.Alive(path) {
+		return started{}, nil
+	}
+	self, err := p.selfCommand()
+	if err != nil {
+		return started{}, err
+	}
+	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
+	if err != nil {
+		return started{}, err
+	}
+	j, err := dj.Attach(logs)
+	if j == nil {
+		return started{}, nil // it ended meanwhile
+	}
+	stop := func(why string, err error) (started, error) {
+		p.Log.Info("intern's jail from a previous gateway stopped", "intern", s.id, "why", why, "err", err)
+		j.Kill()
+		<-j.Done()
+		return started{}, nil
+	}
+	if err != nil {
+		return stop("another configuration", err)
+	}
+	in, err := p.row(ctx, s.id)
+	if err != nil {
+		return stop("no row", err)
+	}
+	if in.Provisioner != Local || in.DaemonURL == "" {
+		return stop("its row names no local daemon", nil)
+	}
+	secret, err := p.unwrap(in)
+	if err != nil {
+		return stop("its row's secret does not open", err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = p.dial("", in.DaemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{}))
+	cancel()
+	if err != nil {
+		return stop("its daemon does not answer with the row's secret", err)
+	}
+	p.Log.Info("intern's jail adopted from a previous gateway", "intern", s.id, "pid", j.Pid())
+	return started{proc: jailProc{j}, base: in.DaemonURL, secret: secret, adopted: true}, nil
+}
+
+// liveJails finds the jails a previous gateway left running and returns
+// the interns whose rows say they run there; the others' jails (suspended,
+// deleted or asleep since) are stopped, and stale sockets removed.
+func (p *Provisioner) liveJails(ctx context.Context) ([]string, error) {
+	if p.Jail == nil {
+		return nil, nil
+	}
+	dir := filepath.Dir(p.controlPath("x"))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".sock")
+		if !ok {
+			continue
+		}
+		if !jail.Alive(filepath.Join(dir, e.Name())) {
+			os.Remove(filepath.Join(dir, e.Name()))
+			continue
+		}
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var running []string
+	if err := p.DB.NewSelect().Model((*store.Intern)(nil)).Column("id").
+		Where("id IN (?) AND state = ? AND provisioner = ?", bun.In(ids), store.InternRunning, Local).
+		Scan(ctx, &running); err != nil {
+		return nil, err
+	}
+	keep := make(map[string]bool, len(running))
+	for _, id := range running {
+		keep[id] = true
+	}
+	for _, id := range ids {
+		if keep[id] {
+			continue
+		}
+		if j, err := jail.Attach(p.controlPath(id), nil); err == nil {
+			p.Log.Info("intern's jail from a previous gateway stopped", "intern", id, "why", "its intern no longer runs")
+			j.Kill()
+			select {
+			case <-j.Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
+	return running, nil
 }
 
 // HiddenPaths lists what a jail must never show, for JailConfig.Hide.

@@ -179,6 +179,15 @@ func (s *supervisor) run(ctx context.Context) {
 	}
 }
 
+// started is a daemon a supervisor runs: started now, or adopted from a
+// previous gateway (its row already holds its URL and secret).
+type started struct {
+	proc    daemonProc
+	base    string
+	secret  string
+	adopted bool
+}
+
 // once runs one daemon process until it exits or ctx ends.
 func (s *supervisor) once(ctx context.Context) error {
 	p := s.p
@@ -186,7 +195,6 @@ func (s *supervisor) once(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	secret := newSecret()
 	// At most StartConcurrency daemons start at once; the slot is held
 	// until this one answers (or fails).
 	select {
@@ -202,88 +210,63 @@ func (s *supervisor) once(ctx context.Context) error {
 		}
 	}
 	defer release()
-	start := s.startShared
+	// The daemon's log lines (and a jail's own errors) join the gateway's.
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer logW.Close()
+	go forwardLogs(p, s.id, logR)
+	var d started
 	if p.Jail != nil {
-		start = s.startJailed
+		if d, err = s.adopt(ctx, dir, logW); err == nil && d.proc == nil {
+			d, err = s.startJailed(dir, logW)
+		}
+	} else {
+		d, err = s.startShared(ctx, dir, logW)
 	}
-	outR, outW, err := os.Pipe()
 	if err != nil {
-		return err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return err
-	}
-	proc, known, err := start(dir, secret, outW, errW)
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
 		return fmt.Errorf("start daemon: %w", err)
 	}
-	s.setPID(proc.Pid())
+	s.setPID(d.proc.Pid())
 	defer s.setPID(0)
-	go forwardLogs(p, s.id, errR)
 	exited := make(chan error, 1)
-	addrc := make(chan string, 1)
-	go func() {
-		br := bufio.NewReader(outR)
-		line, _ := br.ReadString('\n')
-		if known != "" {
-			addrc <- known
-		} else {
-			addrc <- strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "listening on "))
-		}
-		io.Copy(io.Discard, br)
-		outR.Close()
-		exited <- proc.Wait()
-	}()
+	go func() { exited <- d.proc.Wait() }()
 	kill := func() error {
 		// SIGTERM lets the daemon cancel its runs and stop its agent (a
 		// jail's init passes it on).
-		proc.Signal(syscall.SIGTERM)
+		d.proc.Signal(syscall.SIGTERM)
 		select {
 		case err := <-exited:
 			return err
 		case <-time.After(5 * time.Second):
-			proc.Kill()
+			d.proc.Kill()
 			return <-exited
 		}
 	}
 
-	var base string
-	select {
-	case base = <-addrc:
-	case <-ctx.Done():
-		kill()
-		return ctx.Err()
-	case <-time.After(p.HealthTimeout):
-		kill()
-		return errors.New("the daemon did not report its address in time")
-	}
-	if !strings.HasPrefix(base, "http://") {
-		kill()
-		return fmt.Errorf("the daemon reported no address (%q)", base)
-	}
-	if err := p.waitHealthy(ctx, base, secret); err != nil {
-		kill()
-		return err
-	}
-	wrapped, err := p.wrap(s.id, secret)
-	if err != nil {
-		kill()
-		return err
+	if !d.adopted {
+		if err := p.waitHealthy(ctx, d.base, d.secret); err != nil {
+			kill()
+			return err
+		}
+		wrapped, err := p.wrap(s.id, d.secret)
+		if err != nil {
+			kill()
+			return err
+		}
+		uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = p.DB.NewUpdate().Model((*store.Intern)(nil)).
+			Set("daemon_url = ?", d.base).Set("daemon_secret = ?", wrapped).Set("provisioner = ?", Local).
+			Where("id = ?", s.id).Exec(uctx)
+		cancel()
+		if err != nil {
+			kill()
+			return err
+		}
 	}
 	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = p.DB.NewUpdate().Model((*store.Intern)(nil)).
-		Set("daemon_url = ?", base).Set("daemon_secret = ?", wrapped).Set("provisioner = ?", Local).
-		Where("id = ?", s.id).Exec(uctx)
-	if err == nil {
-		err = p.setRunning(uctx, s.id)
-	}
+	err = p.setRunning(uctx, s.id)
 	cancel()
 	if err != nil {
 		kill()
@@ -292,13 +275,13 @@ func (s *supervisor) once(ctx context.Context) error {
 	release()
 	p.mu.Lock()
 	// The fleet's own calls (is it idle?) are not the intern's activity.
-	s.dialer = func() interndv1connect.InternDaemonServiceClient { return p.dial("", base, secret) }
+	s.dialer = func() interndv1connect.InternDaemonServiceClient { return p.dial("", d.base, d.secret) }
 	s.lastUsed = time.Now()
 	p.mu.Unlock()
 	if !s.isUp() {
 		close(s.up)
 	}
-	p.Log.Info("intern daemon running", "intern", s.id, "url", base, "pid", proc.Pid(), "jailed", p.Jail != nil)
+	p.Log.Info("intern daemon running", "intern", s.id, "url", d.base, "pid", d.proc.Pid(), "jailed", p.Jail != nil, "adopted", d.adopted)
 
 	select {
 	case err := <-exited:
@@ -307,9 +290,21 @@ func (s *supervisor) once(ctx context.Context) error {
 		}
 		return err
 	case <-ctx.Done():
+		if p.isLeaving() && d.proc.Detach() {
+			// The gateway is going; the next one adopts this jail.
+			return ctx.Err()
+		}
 		kill()
 		return ctx.Err()
 	}
+}
+
+// isLeaving reports whether the gateway is closing with its jails left
+// running for the next one.
+func (p *Provisioner) isLeaving() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leaving
 }
 
 // daemonEnviron is the gateway's environment minus its COHORT_* settings
@@ -363,62 +358,110 @@ func forwardLogs(p *Provisioner, id string, r io.Reader) {
 // daemonProc is a started daemon: a plain child, or a jail's init.
 type daemonProc interface {
 	Pid() int
-	Signal(os.Signal) error
+	Signal(syscall.Signal) error
 	// Kill ends the daemon and everything it started.
 	Kill()
 	Wait() error
+	// Detach lets go of a daemon that may outlive the gateway (a jail
+	// with a control socket), reporting whether it did.
+	Detach() bool
 }
 
 // sharedProc is a daemon run on the gateway's own host (--unsafe-shared-host).
 type sharedProc struct{ cmd *exec.Cmd }
 
-func (c sharedProc) Pid() int                   { return c.cmd.Process.Pid }
-func (c sharedProc) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
-func (c sharedProc) Kill()                      { syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) }
-func (c sharedProc) Wait() error                { return c.cmd.Wait() }
+func (c sharedProc) Pid() int                        { return c.cmd.Process.Pid }
+func (c sharedProc) Signal(sig syscall.Signal) error { return c.cmd.Process.Signal(sig) }
+func (c sharedProc) Kill()                           { syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) }
+func (c sharedProc) Wait() error                     { return c.cmd.Wait() }
+func (c sharedProc) Detach() bool                    { return false }
 
-// jailProc is a jail's init: killing it ends its whole PID namespace.
+// jailProc is a jail's init, started or adopted, reached through its
+// control socket: killing it ends its whole PID namespace.
 type jailProc struct{ j *jail.Jail }
 
-func (c jailProc) Pid() int                   { return c.j.Process.Pid }
-func (c jailProc) Signal(sig os.Signal) error { return c.j.Process.Signal(sig) }
-func (c jailProc) Kill()                      { c.j.Process.Kill() }
-func (c jailProc) Wait() error {
-	st, err := c.j.Wait()
-	if err == nil && st != nil && !st.Success() {
-		err = fmt.Errorf("jail exited: %v", st)
-	}
-	return err
+func (c jailProc) Pid() int                        { return c.j.Pid() }
+func (c jailProc) Signal(sig syscall.Signal) error { return c.j.Signal(sig) }
+func (c jailProc) Kill()                           { c.j.Kill() }
+func (c jailProc) Detach() bool {
+	c.j.Detach()
+	return true
 }
 
-// startShared starts the daemon as a plain child on the gateway's host; it
-// reports its address on stdout.
-func (s *supervisor) startShared(dir, secret string, stdout, stderr *os.File) (daemonProc, string, error) {
+// Wait waits until the jail ends (or this gateway lets go of it).
+func (c jailProc) Wait() error {
+	<-c.j.Done()
+	code, ok := c.j.Exit()
+	switch {
+	case !ok:
+		return errors.New("the jail ended without a status (killed, or let go)")
+	case code != 0:
+		return fmt.Errorf("jail exited with status %d", code)
+	}
+	return nil
+}
+
+// startShared starts the daemon as a plain child on the gateway's host and
+// reads the address it reports on stdout.
+func (s *supervisor) startShared(ctx context.Context, dir string, logs *os.File) (started, error) {
 	p := s.p
 	argv, err := p.selfCommand()
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
 	args := append(append([]string{}, argv[1:]...), "intern", "--listen", "127.0.0.1:0", "--data-dir", dir,
 		"--intern-id", s.id, "--model", s.model)
 	run, err := p.agentFor(s.agent, false)
 	if err != nil {
-		return nil, "", err
+		return started{}, err
 	}
 	args = append(args, p.daemonFlags()...)
 	args = append(args, run.flags...)
 	if p.GatewayURL != "" {
 		args = append(args, "--gateway-url", p.GatewayURL)
 	}
+	secret := newSecret()
 	cmd := exec.Command(argv[0], args...)
 	// The secret goes by environment, never on the command line (ps shows that).
 	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)
 	cmd.SysProcAttr = sysProcAttr()
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if err := cmd.Start(); err != nil {
-		return nil, "", err
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return started{}, err
 	}
-	return sharedProc{cmd}, "", nil
+	cmd.Stdout, cmd.Stderr = outW, logs
+	err = cmd.Start()
+	outW.Close()
+	if err != nil {
+		outR.Close()
+		return started{}, err
+	}
+	proc := sharedProc{cmd}
+	addrc := make(chan string, 1)
+	go func() {
+		br := bufio.NewReader(outR)
+		line, _ := br.ReadString('\n')
+		addrc <- strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "listening on "))
+		io.Copy(io.Discard, br)
+		outR.Close()
+	}()
+	fail := func(err error) (started, error) {
+		proc.Kill()
+		proc.Wait()
+		return started{}, err
+	}
+	var base string
+	select {
+	case base = <-addrc:
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-time.After(p.HealthTimeout):
+		return fail(errors.New("the daemon did not report its address in time"))
+	}
+	if !strings.HasPrefix(base, "http://") {
+		return fail(fmt.Errorf("the daemon reported no address (%q)", base))
+	}
+	return started{proc: proc, base: base, secret: secret}, nil
 }
 
 // daemonFlags are the `cohort intern` flags every local daemon gets, jailed

@@ -139,6 +139,9 @@ type Provisioner struct {
 	mu     sync.Mutex
 	sups   map[string]*supervisor
 	closed bool
+	// leaving: Close lets go of the jails instead of stopping them, for
+	// the next gateway to adopt (JailConfig.Orphan).
+	leaving bool
 }
 
 func (p *Provisioner) init() {
@@ -307,17 +310,27 @@ func (p *Provisioner) Start(ctx context.Context) error {
 		p.startFleet()
 		return nil
 	default:
-		// The daemons of a previous gateway process died with it. With
-		// sleep enabled, its running interns sleep (the next turn wakes
-		// each); otherwise they start again and are provisioning (chat
-		// waits for them) until up, never running at a dead address.
+		// Jails a previous gateway left running are adopted as they are
+		// (the reconciler attaches to them: their runs go on). Other
+		// daemons of a previous gateway died with it. With sleep enabled,
+		// their interns sleep (the next turn wakes each); otherwise they
+		// start again and are provisioning (chat waits for them) until up,
+		// never running at a dead address.
+		live, err := p.liveJails(ctx)
+		if err != nil {
+			return err
+		}
 		to := store.InternProvisioning
 		if p.IdleTimeout > 0 {
 			to = store.InternSleeping
 		}
-		if _, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
+		q := p.DB.NewUpdate().Model((*store.Intern)(nil)).
 			Set("state = ?", to).Set("updated_at = ?", store.Now(nil)).
-			Where("state = ?", store.InternRunning).Exec(ctx); err != nil {
+			Where("state = ?", store.InternRunning)
+		if len(live) > 0 {
+			q = q.Where("id NOT IN (?)", bun.In(live))
+		}
+		if _, err := q.Exec(ctx); err != nil {
 			return err
 		}
 		p.startFleet()
@@ -430,11 +443,17 @@ func (p *Provisioner) Register(ctx context.Context, internID, daemonURL, secret 
 	return &in, nil
 }
 
-// Close stops every local daemon, all at once (their runs end with them).
+// Close stops every local daemon, all at once (their runs end with them),
+// or, when jails outlive their gateway (JailConfig.Orphan), lets go of
+// them for the next gateway to adopt.
 func (p *Provisioner) Close() {
 	p.init()
 	p.mu.Lock()
 	p.closed = true
+	p.leaving = p.Jail != nil && p.Jail.Orphan > 0
+	if p.leaving && len(p.sups) > 0 {
+		p.Log.Info("interns' jails left running for the next gateway", "interns", len(p.sups), "stop_without_one_after", p.Jail.Orphan.String())
+	}
 	sups := make([]*supervisor, 0, len(p.sups))
 	for _, s := range p.sups {
 		sups = append(sups, s)
