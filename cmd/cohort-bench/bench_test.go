@@ -124,7 +124,8 @@ func TestBenchFleet(t *testing.T) {
 	}
 	o := out.String()
 	for _, re := range []string{`\(sleeping interns: 0\)`, `sleeping intern \(wake included\): p50 \S+ p99`,
-		`4 of 4 answered a second turn`, `== 8 interns awake`, `== shutdown of 8 awake interns: \S+`, `bytes per sleeping intern`} {
+		`4 of 4 answered a second turn`, `== 8 interns awake`, `== shutdown of 8 awake interns: \S+`,
+		`answered 5 turns in \S+; 24 of 24 intern processes are the same`, `bytes per sleeping intern`} {
 		if !regexp.MustCompile(re).MatchString(o) {
 			t.Errorf("output lacks %s:\n%s", re, o)
 		}

@@ -58,7 +58,9 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *unsafe {
 		serveArgs = append(serveArgs, "--unsafe-shared-host")
 	}
-	gw := exec.CommandContext(ctx, cohort, serveArgs...)
+	// The first gateway leaves its jails for the next (a restart); the
+	// second stops them when it stops (the shutdown measured last).
+	gw := exec.CommandContext(ctx, cohort, append(serveArgs, "--jail-orphan-timeout", "10m")...)
 	base, err := startListening(gw, stderr)
 	if err != nil {
 		return err
@@ -167,6 +169,42 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "== %d interns awake\n", n)
 	fmt.Fprintf(stdout, "woke %d in %s; %d of %d answered a second turn\n", *awake, wakeAll.Round(time.Millisecond), answered, *awake)
 	fmt.Fprintf(stdout, "processes under the gateway: %d; PSS per awake intern %.1f MiB (goal ≤ 10)\n", len(tree)-1, internPSS/float64(n)/(1<<20))
+
+	// A restart: the gateway goes (SIGTERM), another starts on the same
+	// data and adopts the jails; every intern answers again, from the same
+	// processes (unjailed ones are started again instead).
+	t0 = time.Now()
+	gw.Process.Signal(syscall.SIGTERM)
+	gw.Wait()
+	down := time.Since(t0)
+	t0 = time.Now()
+	gw = exec.CommandContext(ctx, cohort, append(serveArgs, "--jail-orphan-timeout", "0")...)
+	if base, err = startListening(gw, stderr); err != nil {
+		stopped = true
+		return err
+	}
+	base += "/api/v1"
+	answered = 0
+	err = eachParallel(append(group, demo), 16, func(id string) error {
+		if _, err := fleetTurn(ctx, base, wk, id); err != nil {
+			return err
+		}
+		mu.Lock()
+		answered++
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("after the restart: %w", err)
+	}
+	alive := 0
+	for _, p := range tree[1:] {
+		if syscall.Kill(p, 0) == nil {
+			alive++
+		}
+	}
+	fmt.Fprintf(stdout, "== restart with %d awake interns: the gateway stopped in %s; the next one answered %d turns in %s; %d of %d intern processes are the same\n",
+		n, down.Round(time.Millisecond), answered, time.Since(t0).Round(time.Millisecond), alive, len(tree)-1)
 
 	// Shutdown: SIGTERM until the gateway and every intern's process are gone.
 	t0 = time.Now()
