@@ -47,6 +47,19 @@ func controlProgram() {
 		}
 	}
 	fmt.Printf("reached the init's descriptors: %v\n", reached)
+	// The init must not pass on a changed SIGPIPE: the program's pipes
+	// break as usual (SigIgn is a hex mask; SIGPIPE is bit 13-1).
+	ignored := "?"
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "SigIgn:"); ok {
+				var mask uint64
+				fmt.Sscanf(strings.TrimSpace(v), "%x", &mask)
+				ignored = fmt.Sprint(mask&(1<<(13-1)) != 0)
+			}
+		}
+	}
+	fmt.Printf("SIGPIPE ignored: %s\n", ignored)
 	for i := 0; ; i++ {
 		fmt.Printf("dialing %d\n", i)
 		c, err := net.Dial("tcp", "127.0.0.1:7100")
@@ -119,7 +132,7 @@ func TestControlJailOutlivesItsCaller(t *testing.T) {
 			testutil.Eventually(t, 20*time.Second, "the first caller's answers", func() bool {
 				return strings.Contains(first.String(), "relay: first:tick")
 			})
-			for _, line := range []string{"dial control: true", "reached the init's descriptors: []"} {
+			for _, line := range []string{"dial control: true", "reached the init's descriptors: []", "SIGPIPE ignored: false"} {
 				if !strings.Contains(first.String(), line) {
 					t.Errorf("the program's report lacks %q:\n%s", line, first)
 				}

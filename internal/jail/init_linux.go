@@ -127,7 +127,9 @@ func runInit() {
 		// The program's output goes to whichever caller is attached; with
 		// none it is dropped (and counted), never left to block the
 		// program or to break a pipe to a caller that is gone.
-		signal.Ignore(syscall.SIGPIPE)
+		// (Notify, not Ignore: an ignored signal stays ignored across
+		// exec, and the program's own pipes must break as usual.)
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 		r, w, err := os.Pipe()
 		if err != nil {
 			fail("output pipe", err, "")
