@@ -118,9 +118,11 @@ func (c *Config) defaults() {
 // ends.
 func Serve(ctx context.Context, cfg Config, r io.Reader, w io.Writer) error {
 	a := New(cfg)
+	// The SDK and the text fast path (wire.go) share the output.
+	a.out = &lineWriter{w: w}
 	// No SetLogger: it races with the connection's reader in SDK v0.13.0;
 	// the SDK's few diagnostics go to slog's default logger.
-	conn := acp.NewAgentSideConnection(a, w, r)
+	conn := acp.NewAgentSideConnection(a, a.out, r)
 	a.SetConnection(conn)
 	select {
 	case <-conn.Done():
@@ -140,6 +142,9 @@ type Agent struct {
 	conn      atomic.Pointer[acp.AgentSideConnection]
 	ready     chan struct{}
 	readyOnce sync.Once
+	// out, set by Serve, is the connection's output, where text chunks are
+	// written without the SDK (wire.go); nil otherwise.
+	out *lineWriter
 
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session

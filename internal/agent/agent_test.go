@@ -38,6 +38,13 @@ type harness struct {
 
 func start(t testing.TB, cfg agent.Config, newSessionMeta map[string]any) *harness {
 	t.Helper()
+	return startReading(t, cfg, newSessionMeta, nil)
+}
+
+// startReading is start with the client reading the agent's output
+// through read (as the intern daemon reads it through its tap), when set.
+func startReading(t testing.TB, cfg agent.Config, newSessionMeta map[string]any, read func(io.Reader) io.Reader) *harness {
+	t.Helper()
 	logs := &testutil.SyncBuffer{}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -57,7 +64,11 @@ func start(t testing.TB, cfg agent.Config, newSessionMeta map[string]any) *harne
 		<-done
 	})
 	c := &agenttest.Client{}
-	conn := acp.NewClientSideConnection(c, clientOut, clientIn)
+	var out io.Reader = clientIn
+	if read != nil {
+		out = read(clientIn)
+	}
+	conn := acp.NewClientSideConnection(c, clientOut, out)
 	h := &harness{conn: conn, client: c, logs: logs}
 	if _, err := conn.Initialize(context.Background(), agenttest.Initialize()); err != nil {
 		t.Fatal(err)

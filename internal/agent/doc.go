@@ -51,6 +51,11 @@
 //     session's model; the flag gives the default. Every session/update the
 //     agent sends carries `_meta["cohort.dev/model"]`: the model id the
 //     upstream returned (until the first answer, the session's model).
+//   - Streaming: each model delta becomes an agent_message_chunk (text)
+//     or agent_thought_chunk (reasoning). Consecutive deltas of one kind
+//     and model that arrived together (the next already in the agent's
+//     read buffer) go out as one update of at most 4 KiB of text; a delta
+//     is never held while the agent waits for the upstream.
 //   - Usage: PromptResponse.usage sums the turn's model calls (inputTokens,
 //     outputTokens, totalTokens, and cachedReadTokens when the upstream
 //     reported prompt_tokens_details.cached_tokens); it is absent when no call

@@ -1,8 +1,8 @@
 package agent
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +14,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/param"
-	"github.com/openai/openai-go/v3/packages/respjson"
 	"github.com/openai/openai-go/v3/shared"
 )
 
@@ -164,7 +163,11 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 			Parameters:  shared.FunctionParameters(t.Parameters),
 		}))
 	}
-	stream := m.client.Chat.Completions.NewStreaming(callCtx, params)
+	// openai-go makes the request (auth, retries, HTTP errors); the event
+	// stream it returns is read here (stream.go): its generic chunk decoding
+	// was the larger part of the agent's CPU per streamed chunk.
+	var raw *http.Response
+	stream := m.client.Chat.Completions.NewStreaming(callCtx, params, option.WithResponseInto(&raw))
 	defer stream.Close()
 
 	var resp ModelResponse
@@ -172,52 +175,83 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 	type partial struct{ id, name, args strings.Builder }
 	var calls []*partial
 	finished := false
-	for stream.Next() {
-		timer.Reset(m.idle)
-		chunk := stream.Current()
-		if chunk.Model != "" {
-			resp.Model = chunk.Model
-		}
-		if chunk.JSON.Usage.Valid() {
-			resp.Usage = readUsage(chunk.Usage)
-		}
-		for _, choice := range chunk.Choices {
-			if choice.Index != 0 {
-				continue
+	out := mergedDeltas{emit: emit}
+	err := stream.Err()
+	if err == nil && raw != nil && raw.Body != nil {
+		// Deltas that arrived together go out as one update: out holds
+		// them while the next event is already buffered, and sends them
+		// before any read that could wait.
+		events := newEventReader(raw.Body, out.flush)
+		var chunk streamChunk
+		for {
+			data, ok := events.next()
+			if !ok {
+				if events.hookErr != nil { // the client is gone
+					resp.Text = text.String()
+					return resp, events.hookErr
+				}
+				err = events.err
+				break
 			}
-			if choice.FinishReason != "" {
-				finished = true
+			if bytes.HasPrefix(data, []byte("[DONE]")) {
+				break
 			}
-			d := choice.Delta
-			out := Delta{Model: resp.Model, Text: d.Content, Reasoning: reasoningOf(d.JSON.ExtraFields)}
-			text.WriteString(d.Content)
-			if out.Text != "" || out.Reasoning != "" {
-				if err := emit(out); err != nil {
+			timer.Reset(m.idle)
+			if err = chunk.decode(data); err != nil {
+				break
+			}
+			if chunk.Model != "" {
+				resp.Model = chunk.Model
+			}
+			if chunk.Usage != nil {
+				resp.Usage = chunk.Usage.read()
+			}
+			for i := range chunk.Choices {
+				choice := &chunk.Choices[i]
+				if choice.Index != 0 {
+					continue
+				}
+				if choice.FinishReason != "" {
+					finished = true
+				}
+				d := &choice.Delta
+				text.WriteString(d.Content)
+				if r := d.reasoning(); r != "" {
+					err = out.add(resp.Model, r, true)
+				}
+				if err == nil && d.Content != "" {
+					err = out.add(resp.Model, d.Content, false)
+				}
+				if err != nil {
 					resp.Text = text.String()
 					return resp, err
 				}
+				for _, tc := range d.ToolCalls {
+					i := int(tc.Index)
+					if i < 0 || i > 64 {
+						continue
+					}
+					for len(calls) <= i {
+						calls = append(calls, &partial{})
+					}
+					// Ids and names arrive once; arguments arrive in pieces.
+					if tc.ID != "" && calls[i].id.Len() == 0 {
+						calls[i].id.WriteString(tc.ID)
+					}
+					if tc.Function.Name != "" && calls[i].name.Len() == 0 {
+						calls[i].name.WriteString(tc.Function.Name)
+					}
+					calls[i].args.WriteString(tc.Function.Arguments)
+				}
 			}
-			for _, tc := range d.ToolCalls {
-				i := int(tc.Index)
-				if i < 0 || i > 64 {
-					continue
-				}
-				for len(calls) <= i {
-					calls = append(calls, &partial{})
-				}
-				// Ids and names arrive once; arguments arrive in pieces.
-				if tc.ID != "" && calls[i].id.Len() == 0 {
-					calls[i].id.WriteString(tc.ID)
-				}
-				if tc.Function.Name != "" && calls[i].name.Len() == 0 {
-					calls[i].name.WriteString(tc.Function.Name)
-				}
-				calls[i].args.WriteString(tc.Function.Arguments)
-			}
+		}
+		if ferr := out.flush(); ferr != nil && err == nil {
+			resp.Text = text.String()
+			return resp, ferr
 		}
 	}
 	resp.Text = text.String()
-	if err := stream.Err(); err != nil {
+	if err != nil {
 		switch {
 		case ctx.Err() != nil:
 			return resp, ctx.Err()
@@ -271,38 +305,6 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// reasoningOf reads the reasoning text that OpenAI-compatible servers put in
-// non-standard delta fields: `reasoning` (OpenRouter, vLLM) or
-// `reasoning_content` (DeepSeek, llama.cpp).
-func reasoningOf(extra map[string]respjson.Field) string {
-	for _, k := range []string{"reasoning", "reasoning_content"} {
-		f, ok := extra[k]
-		if !ok {
-			continue
-		}
-		var s string
-		if json.Unmarshal([]byte(f.Raw()), &s) == nil && s != "" {
-			return s
-		}
-	}
-	return ""
-}
-
-func readUsage(u openai.CompletionUsage) *CallUsage {
-	out := &CallUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
-	if u.JSON.PromptTokensDetails.Valid() && u.PromptTokensDetails.JSON.CachedTokens.Valid() {
-		c := u.PromptTokensDetails.CachedTokens
-		out.CachedTokens = &c
-	}
-	if f, ok := u.JSON.ExtraFields["cost"]; ok {
-		var c float64
-		if json.Unmarshal([]byte(f.Raw()), &c) == nil {
-			out.Cost = &c
-		}
-	}
-	return out
 }
 
 func toOpenAIMessages(msgs []Message) []openai.ChatCompletionMessageParamUnion {

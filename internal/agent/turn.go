@@ -115,6 +115,8 @@ type turn struct {
 	// model is the id the upstream last reported, for `_meta`.
 	model string
 	usage usageSum
+	// text encodes the turn's text chunks (wire.go).
+	text textUpdates
 }
 
 // Prompt implements acp.Agent: it runs the model loop until the model answers
@@ -144,7 +146,7 @@ func (a *Agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 	s.turn.Lock()
 	defer s.turn.Unlock()
 
-	t := &turn{a: a, s: s, mode: mode, model: s.currentModel()}
+	t := &turn{a: a, s: s, mode: mode, model: s.currentModel(), text: textUpdates{session: s.id}}
 	s.mu.Lock()
 	s.history = append(s.history, Message{Role: "user", Content: text})
 	s.used = time.Now()
@@ -281,12 +283,30 @@ func (t *turn) emit(d Delta) error {
 		t.model = d.Model
 	}
 	if d.Reasoning != "" {
-		if err := t.update(acp.UpdateAgentThoughtText(d.Reasoning)); err != nil {
+		if err := t.chunk(d.Reasoning, true); err != nil {
 			return err
 		}
 	}
 	if d.Text != "" {
-		return t.update(acp.UpdateAgentMessageText(d.Text))
+		return t.chunk(d.Text, false)
+	}
+	return nil
+}
+
+// chunk sends an agent_message_chunk (or with thought an
+// agent_thought_chunk) of text: encoded here when the agent owns its
+// output, else by the SDK. The bytes are the same.
+func (t *turn) chunk(text string, thought bool) error {
+	out := t.a.out
+	if out == nil {
+		if thought {
+			return t.update(acp.UpdateAgentThoughtText(text))
+		}
+		return t.update(acp.UpdateAgentMessageText(text))
+	}
+	if _, err := out.Write(t.text.line(t.model, text, thought)); err != nil {
+		// As the SDK reports a failed write.
+		return acp.NewInternalError(map[string]any{"error": err.Error()})
 	}
 	return nil
 }

@@ -194,11 +194,13 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 // agentEnviron is the daemon's environment minus Cohort's own settings
 // (COHORT_*: the daemon secret, the gateway's database URL…), which are no
 // business of the agent or of the commands it runs. The built-in agent's
-// settings (COHORT_AGENT_*) pass.
+// settings (COHORT_AGENT_*) pass, and so does COHORT_CPUPROFILE (a file
+// prefix, no secret), so that `cohort-bench chat --profile-dir` profiles
+// the agent too.
 func agentEnviron(env []string) []string {
 	out := env[:0:0]
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") {
+		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") && !strings.HasPrefix(kv, "COHORT_CPUPROFILE=") {
 			continue
 		}
 		out = append(out, kv)

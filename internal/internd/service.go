@@ -23,8 +23,11 @@ func (d *Daemon) Handler() http.Handler {
 	opts := connect.WithHandlerOptions(
 		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(d.cfg.Secret))}),
 		// Run events are small: gzip per event costs more than it saves
-		// (most of the CPU of a stream, measured).
-		connect.WithCompressMinBytes(4096),
+		// (most of the CPU of a stream, measured). The bound is above the
+		// largest merged text delta (maxMerged, and the built-in agent's
+		// own merged updates), so a stream of merged deltas is not gzipped
+		// either (docs/benchmarks.md, "Chat path").
+		connect.WithCompressMinBytes(8192),
 	)
 	mux.Handle(interndv1connect.NewInternDaemonServiceHandler(service{d}, opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
