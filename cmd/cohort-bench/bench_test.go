@@ -89,7 +89,7 @@ func TestBenchChat(t *testing.T) {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
 	}
 	o := out.String()
-	for _, want := range []string{"== whole path", "== gateway alone", "added by the gateway, paired", "ratio", "chunks/s per core"} {
+	for _, want := range []string{"== whole path", "== gateway alone", "added by the gateway, paired", "ratio", "estimate, from CPU time", "model chunks/s end to end", "(100 of 100 model chunks arrived)", "CPU per model chunk             gateway"} {
 		if strings.Count(o, want) < 1 {
 			t.Errorf("output lacks %q:\n%s", want, o)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -164,10 +165,45 @@ func (c *benchChild) stop() {
 	}
 }
 
-// cpu is the child's user+system CPU time so far (/proc, clock ticks of
-// 10 ms).
-func (c *benchChild) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+// cpu is the child's CPU time so far (pidCPU).
+func (c *benchChild) cpu() time.Duration { return pidCPU(c.cmd.Process.Pid)() }
+
+// namedCPU is a process's CPU time so far, under a name for the output.
+type namedCPU struct {
+	name string
+	cpu  func() time.Duration
+}
+
+// childPIDs are the processes pid started (the daemon's agent).
+func childPIDs(pid int) []int {
+	var out []int
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// pidCPU returns the process's CPU time so far: the run time of its threads
+// (/proc/PID/task/*/schedstat, in nanoseconds), else its user+system time
+// in clock ticks of 10 ms (/proc/PID/stat). A Go process keeps its
+// threads, so the first misses no thread's time in practice.
+func pidCPU(pid int) func() time.Duration {
+	return func() time.Duration {
+		if d, ok := schedCPU(pid); ok {
+			return d
+		}
+		return statCPU(pid)
+	}
+}
+
+func statCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -176,6 +212,31 @@ func (c *benchChild) cpu() time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// schedCPU sums the run time of the process's threads.
+func schedCPU(pid int) (time.Duration, bool) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, false
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended in between
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += time.Duration(ns)
+	}
+	return sum, true
 }
 
 // rss is the child's resident memory in bytes.
@@ -380,7 +441,10 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// phase measures, with the intern's daemon at url: time to first chunk,
 	// relay cost per chunk and throughput.
 	var chunk string // a relayed chunk, for the bare reference and the idle streams
-	phase := func(title, url string) error {
+	// others are the processes besides the gateway that a phase's
+	// throughput run goes through, for their CPU per model chunk.
+	type others func() []namedCPU
+	phase := func(title, url string, others others) error {
 		if err := register(url); err != nil {
 			return err
 		}
@@ -389,6 +453,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 		// 1. Time to the first chunk, the two paths interleaved.
 		var dTTFC, gTTFC []time.Duration
+		turnCPU0 := gw.cpu()
 		for i := range *turns + 20 {
 			d, err := direct(dclient, benchPrompt(1, 0, false))
 			if err != nil {
@@ -402,6 +467,9 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				dTTFC, gTTFC = append(dTTFC, d), append(gTTFC, g)
 			}
 		}
+		// The gateway's CPU per one-chunk turn (it idles during the daemon's
+		// turns): the fixed cost of a turn, taken off the relay figure below.
+		perTurn := (gw.cpu() - turnCPU0) / time.Duration(*turns+20)
 		fmt.Fprintf(stdout, "time to first chunk (%d turns each)        p50        p99\n", *turns)
 		fmt.Fprintf(stdout, "  daemon alone (Connect)          %10v %10v\n", pct(dTTFC, .5), pct(dTTFC, .99))
 		fmt.Fprintf(stdout, "  through the gateway (REST/SSE)  %10v %10v\n", pct(gTTFC, .5), pct(gTTFC, .99))
@@ -413,17 +481,19 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		for i := range gTTFC {
 			diffs[i] = gTTFC[i] - dTTFC[i]
 		}
-		fmt.Fprintf(stdout, "  added by the gateway, paired    %10v %10v\n", pct(diffs, .5), pct(diffs, .99))
+		fmt.Fprintf(stdout, "  added by the gateway, paired    %10v %10v  (percentiles of the %d differences: each gateway turn minus the daemon turn just before it)\n",
+			pct(diffs, .5), pct(diffs, .99), len(diffs))
 
 		// 2. Relay cost per chunk: the gateway's CPU per chunk relayed vs a
 		// bare Go SSE server's CPU per identical chunk written.
 		var sample []byte
-		var got atomic.Int64
+		var got, gotTokens atomic.Int64
 		cpu0 := gw.cpu()
 		if _, _, err := viaGateway(benchPrompt(*chunks, 0, false), false, func(l []byte) {
 			if got.Add(1) == 10 {
 				sample = append([]byte(nil), l...)
 			}
+			gotTokens.Add(int64(bytes.Count(l, []byte("token "))))
 		}); err != nil {
 			return err
 		}
@@ -442,21 +512,38 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		bareCPU := bare.cpu() - cpu0
 		perGW := float64(gwCPU) / float64(relayed)
 		perBare := float64(bareCPU) / float64(*bareChunks)
+		// When the agent and the daemon merge deltas, one turn relays few
+		// SSE chunks and the turn's own fixed cost weighs on each.
+		netGW := float64(max(gwCPU-perTurn, 0)) / float64(relayed)
 		fmt.Fprintf(stdout, "relay cost per chunk (CPU of the serving process; sample chunk %d bytes)\n", len(chunk))
-		fmt.Fprintf(stdout, "  gateway relay (%7d chunks)   %10v\n  bare Go SSE write (%7d)      %10v\n  ratio                           %10.2f×\n",
-			relayed, time.Duration(perGW), *bareChunks, time.Duration(perBare), perGW/max(perBare, 1))
+		fmt.Fprintf(stdout, "  gateway relay (%7d chunks)   %10v  (%d model chunks: %v per model chunk)\n",
+			relayed, time.Duration(perGW), gotTokens.Load(), gwCPU/time.Duration(max(gotTokens.Load(), 1)))
+		fmt.Fprintf(stdout, "  less one turn's fixed cost      %10v  (estimate: %v of gateway CPU per one-chunk turn taken off)\n", time.Duration(netGW), perTurn)
+		fmt.Fprintf(stdout, "  bare Go SSE write (%7d)      %10v\n  ratio                           %10.2f×  (%.2f× less the fixed cost, an estimate)\n",
+			*bareChunks, time.Duration(perBare), perGW/max(perBare, 1), netGW/max(perBare, 1))
 
-		// 3. Throughput: concurrent streams through one gateway.
-		var total atomic.Int64
+		// 3. Throughput: concurrent streams through one gateway. The agent
+		// and the daemon merge deltas that arrive together, so a relayed
+		// SSE chunk may carry several model chunks ("token NNNNNN "): both
+		// are counted.
+		var total, tokens atomic.Int64
 		var wg sync.WaitGroup
 		errc := make(chan error, *streams)
+		procs := others()
+		procCPU0 := make([]time.Duration, len(procs))
+		for i, p := range procs {
+			procCPU0[i] = p.cpu()
+		}
 		cpu0 = gw.cpu()
 		t0 := time.Now()
 		for range *streams {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, _, err := viaGateway(benchPrompt(*perStream, 0, false), false, func([]byte) { total.Add(1) }); err != nil {
+				if _, _, err := viaGateway(benchPrompt(*perStream, 0, false), false, func(l []byte) {
+					total.Add(1)
+					tokens.Add(int64(bytes.Count(l, []byte("token "))))
+				}); err != nil {
 					errc <- err
 				}
 			}()
@@ -470,20 +557,43 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		default:
 		}
 		fmt.Fprintf(stdout, "throughput (%d streams × %d chunks, one gateway)\n", *streams, *perStream)
-		fmt.Fprintf(stdout, "  chunks/s end to end             %10.0f\n", float64(total.Load())/elapsed.Seconds())
-		fmt.Fprintf(stdout, "  gateway CPU per chunk           %10v  (%.0f chunks/s per core)\n",
+		fmt.Fprintf(stdout, "  model chunks/s end to end       %10.0f  (%d of %d model chunks arrived)\n",
+			float64(tokens.Load())/elapsed.Seconds(), tokens.Load(), *streams**perStream)
+		fmt.Fprintf(stdout, "  SSE chunks/s end to end         %10.0f  (%.2f model chunks per SSE chunk)\n",
+			float64(total.Load())/elapsed.Seconds(), float64(tokens.Load())/float64(max(total.Load(), 1)))
+		fmt.Fprintf(stdout, "  gateway CPU per SSE chunk       %10v  (estimate, from CPU time: %.0f SSE chunks/s per core)\n",
 			tpCPU/time.Duration(max(total.Load(), 1)), float64(total.Load())/max(tpCPU.Seconds(), 0.01))
+		// Where the CPU of the run went, per model chunk: the process
+		// with the most is the one that sets the pace (2 cores here).
+		perChunk := func(d time.Duration) time.Duration { return d / time.Duration(max(tokens.Load(), 1)) }
+		fmt.Fprintf(stdout, "  CPU per model chunk             gateway %v", perChunk(tpCPU))
+		for i, p := range procs {
+			fmt.Fprintf(stdout, ", %s %v", p.name, perChunk(p.cpu()-procCPU0[i]))
+		}
+		fmt.Fprintf(stdout, "  (CPU in the run, %v wall)\n", elapsed.Round(time.Millisecond))
 		return nil
 	}
 	// The whole path first (the gateway paced by the agent), then the
 	// gateway alone (an upstream that outruns it).
 	if *only != "alone" {
-		if err := phase("whole path: gateway → daemon → built-in agent → mock model", daemon.url); err != nil {
+		whole := func() []namedCPU {
+			ps := []namedCPU{{"daemon", daemon.cpu}}
+			for i, pid := range childPIDs(daemon.cmd.Process.Pid) {
+				name := "agent"
+				if i > 0 {
+					name = fmt.Sprintf("agent %d", i+1)
+				}
+				ps = append(ps, namedCPU{name, pidCPU(pid)})
+			}
+			return append(ps, namedCPU{"mock model", mock.cpu})
+		}
+		if err := phase("whole path: gateway → daemon → built-in agent → mock model", daemon.url, whole); err != nil {
 			return err
 		}
 	}
 	if *only != "whole" {
-		if err := phase("gateway alone: gateway → scripted daemon (streams at once)", scripted.url); err != nil {
+		alone := func() []namedCPU { return []namedCPU{{"scripted daemon", scripted.cpu}} }
+		if err := phase("gateway alone: gateway → scripted daemon (streams at once)", scripted.url, alone); err != nil {
 			return err
 		}
 	}
