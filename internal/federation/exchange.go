@@ -50,10 +50,10 @@ var checkOrder = []string{checkTokenFormat, checkPolicy, checkEntitlement, check
 	checkIssuerKeys, checkSignature, checkExpiry, checkIssuer, checkAudience, checkSubject, checkScopesClaim,
 	checkTypeClaim, checkCondition, checkAPIKey}
 
-// policyRow is everything an exchange needs, read in one query on every
-// exchange: a paused or deleted policy, a deleted issuer, a lost
-// entitlement or a disabled key stops the very next exchange, on every
-// replica.
+// policyRow is everything an exchange needs. A paused or deleted policy, a
+// deleted issuer, a lost entitlement or a disabled key stops the very next
+// exchange, on every replica: the exchange reads the row on every call, or
+// keeps it in memory and reads its Version on every call (policyCache).
 type policyRow struct {
 	ID, OrganizationID, IssuerID string
 	Subject, Audience, Condition string
@@ -65,6 +65,9 @@ type policyRow struct {
 	WorkloadIdentity             bool
 	KeyKind                      string
 	KeyDisabled, KeyDeleted      bool
+	// Version changes, in the same transaction, with any of the above
+	// (triggers: internal/store's federation_policy_version migration).
+	Version int64
 }
 
 // policyQuery has the dialect's placeholders for the policy id and,
@@ -75,7 +78,8 @@ func policyQuery(pg, withOrg bool) string {
 	q := `SELECT p.id, p.organization_id, p.issuer_id, p.subject, p.audience, p.condition_expr,
 	p.api_key_id, p.enabled, p.scopes_check, p.token_type_check,
 	i.issuer_url, i.jwks_url, i.revision, o.workload_identity,
-	k.kind AS key_kind, k.disabled_at IS NOT NULL AS key_disabled, k.deleted_at IS NOT NULL AS key_deleted
+	k.kind AS key_kind, k.disabled_at IS NOT NULL AS key_disabled, k.deleted_at IS NOT NULL AS key_deleted,
+	p.version
 FROM federation_policies p
 JOIN federation_issuers i ON i.id = p.issuer_id
 JOIN organizations o ON o.id = p.organization_id
@@ -84,6 +88,16 @@ WHERE p.id = ?`
 	if withOrg {
 		q += " AND p.organization_id = ?"
 	}
+	return placeholders(q, pg)
+}
+
+// policyVersionQuery reads a policy's version alone.
+func policyVersionQuery(pg bool) string {
+	return placeholders("SELECT version FROM federation_policies WHERE id = ?", pg)
+}
+
+// placeholders turns ?s into PostgreSQL's $1, $2 when pg.
+func placeholders(q string, pg bool) string {
 	if pg {
 		q = strings.Replace(q, "?", "$1", 1)
 		q = strings.Replace(q, "?", "$2", 1)
@@ -112,17 +126,18 @@ func (s *Service) reads() *sql.DB {
 	return s.DB.DB
 }
 
+func (s *Service) pg() bool { return s.DB.Dialect().Name() == dialect.PG }
+
 // loadPolicyRow returns the policy (of orgID when it is set), or nil when
 // there is none.
 func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyRow, error) {
-	pg := s.DB.Dialect().Name() == dialect.PG
 	var stmt *sql.Stmt
 	var err error
 	args := []any{id}
 	if orgID == "" {
-		stmt, err = s.policyStmt.get(ctx, s.reads(), policyQuery(pg, false))
+		stmt, err = s.policyStmt.get(ctx, s.reads(), policyQuery(s.pg(), false))
 	} else {
-		stmt, err = s.policyOrgStmt.get(ctx, s.reads(), policyQuery(pg, true))
+		stmt, err = s.policyOrgStmt.get(ctx, s.reads(), policyQuery(s.pg(), true))
 		args = append(args, orgID)
 	}
 	if err != nil {
@@ -139,10 +154,73 @@ func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyR
 	var r policyRow
 	if err := rows.Scan(&r.ID, &r.OrganizationID, &r.IssuerID, &r.Subject, &r.Audience, &r.Condition,
 		&r.APIKeyID, &r.Enabled, &r.ScopesCheck, &r.TokenTypeCheck, &r.IssuerURL, &r.JWKSURL, &r.Revision,
-		&r.WorkloadIdentity, &r.KeyKind, &r.KeyDisabled, &r.KeyDeleted); err != nil {
+		&r.WorkloadIdentity, &r.KeyKind, &r.KeyDisabled, &r.KeyDeleted, &r.Version); err != nil {
 		return nil, err
 	}
 	return &r, rows.Close()
+}
+
+// policyCache keeps the policies exchanges name, each with the version it
+// was read at. An exchange reads the version (one column of one row by
+// its key) instead of the policy: on SQLite that is about a third of the
+// cost of the four-table join's 18 columns, most of which goes to the
+// columns, not the join (docs/benchmarks.md). The version lives in the
+// database and changes with every input of the row in the writer's own
+// transaction, so an unchanged version means an unchanged row, whichever
+// replica or tool wrote last; a policy deleted meanwhile has no version.
+type policyCache struct {
+	mu sync.RWMutex
+	m  map[string]*policyRow
+}
+
+// maxCachedPolicies bounds the cache; when full it starts over.
+const maxCachedPolicies = 4096
+
+func (c *policyCache) get(id string) *policyRow {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[id]
+}
+
+func (c *policyCache) put(id string, r *policyRow) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r == nil {
+		delete(c.m, id)
+		return
+	}
+	if c.m == nil || len(c.m) >= maxCachedPolicies {
+		c.m = map[string]*policyRow{}
+	}
+	c.m[id] = r
+}
+
+// exchangePolicy returns the policy an exchange names, or nil when there
+// is none: the cached row when its version is still the database's, else
+// the row read again.
+func (s *Service) exchangePolicy(ctx context.Context, id string) (*policyRow, error) {
+	if cached := s.policies.get(id); cached != nil {
+		stmt, err := s.policyVersionStmt.get(ctx, s.reads(), policyVersionQuery(s.pg()))
+		if err != nil {
+			return nil, err
+		}
+		var version int64
+		switch err := stmt.QueryRowContext(ctx, id).Scan(&version); {
+		case errors.Is(err, sql.ErrNoRows):
+			s.policies.put(id, nil)
+			return nil, nil
+		case err != nil:
+			return nil, err
+		case version == cached.Version:
+			return cached, nil
+		}
+	}
+	r, err := s.loadPolicyRow(ctx, id, "")
+	if err != nil {
+		return nil, err
+	}
+	s.policies.put(id, r)
+	return r, nil
 }
 
 func (r *policyRow) issuer() *store.FederationIssuer {
@@ -247,7 +325,9 @@ func (s *Service) evaluate(ctx context.Context, pol *policyRow, tok *SubjectToke
 		}
 		return nil, tr.fail(checkSignature, "%v", err)
 	}
-	tr.pass(checkSignature, "kid "+truncate(tok.Kid, 64))
+	if tr.keep { // the detail is built only for the dry run
+		tr.pass(checkSignature, "kid "+truncate(tok.Kid, 64))
+	}
 
 	now := s.now()
 	v := &verified{iat: now.Truncate(time.Second)}
@@ -425,7 +505,7 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 	if err != nil {
 		return nil, invalidRequest("subject_token is not a JWT")
 	}
-	pol, err := s.loadPolicyRow(ctx, req.PolicyID, "")
+	pol, err := s.exchangePolicy(ctx, req.PolicyID)
 	if err != nil {
 		return nil, apierr.Internal(err)
 	}
@@ -458,15 +538,10 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 	}
 	cfg := s.settings()
 	jti := uuid.NewString()
-	claims := &accessClaims{
-		RegisteredClaims: jwt.RegisteredClaims{
-			Issuer: cfg.TokenIssuer, Subject: v.subject, Audience: jwt.ClaimStrings{cfg.TokenIssuer},
-			IssuedAt: jwt.NewNumericDate(v.iat), ExpiresAt: jwt.NewNumericDate(v.iat.Add(time.Duration(v.lifetime) * time.Second)),
-			ID: jti,
-		},
-		ClientID: pol.APIKeyID, Scope: scopeInference, FederationPolicyID: pol.ID, FederationIssuerID: pol.IssuerID,
-	}
-	at, err := s.signer.issue(ctx, claims)
+	grant := &accessGrant{issuer: cfg.TokenIssuer, subject: v.subject, id: jti,
+		issuedAt: v.iat.Unix(), expiresAt: v.iat.Unix() + v.lifetime,
+		clientID: pol.APIKeyID, policyID: pol.ID, issuerID: pol.IssuerID}
+	at, err := s.signer.issue(ctx, grant)
 	if err != nil {
 		rec.Outcome, rec.FailedCheck, rec.Detail = "refused", "internal", "signing failed"
 		s.recordExchange(ctx, rec)

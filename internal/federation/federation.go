@@ -99,8 +99,10 @@ type Service struct {
 	defLimiter   ratelimit.Limiter
 	defClient    *http.Client
 
-	policyStmt    preparedStmt
-	policyOrgStmt preparedStmt
+	policyStmt        preparedStmt
+	policyOrgStmt     preparedStmt
+	policyVersionStmt preparedStmt
+	policies          policyCache
 
 	conds  conditionCache
 	stores keyStores
@@ -215,7 +217,7 @@ func (s *Service) Maintain(ctx context.Context) {
 func (s *Service) Close() {
 	s.stores.closeAll()
 	s.audit.flush(context.Background())
-	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.audit.stmt, &s.audit.chunkStmt} {
+	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.policyVersionStmt, &s.audit.stmt, &s.audit.chunkStmt} {
 		if p.stmt != nil {
 			p.stmt.Close()
 		}

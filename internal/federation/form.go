@@ -62,51 +62,74 @@ type TokenRequest struct {
 	Scope              string
 }
 
-// formFields are the parameters we read; each may appear once. audience
-// and resource may repeat (RFC 8693 §2.1) and are ignored; any other
-// parameter is ignored too (RFC 6749 §3.2).
-var formFields = map[string]func(*TokenRequest) *string{
-	"grant_type":           func(r *TokenRequest) *string { return &r.GrantType },
-	"subject_token_type":   func(r *TokenRequest) *string { return &r.SubjectTokenType },
-	"subject_token":        func(r *TokenRequest) *string { return &r.SubjectToken },
-	"federation_policy_id": func(r *TokenRequest) *string { return &r.PolicyID },
-	"requested_token_type": func(r *TokenRequest) *string { return &r.RequestedTokenType },
-	"scope":                func(r *TokenRequest) *string { return &r.Scope },
+// formField returns where parameter key goes and its bit in the set of
+// parameters seen, or nil for a parameter we do not read. We read each
+// of these once; audience and resource may repeat (RFC 8693 §2.1) and are
+// ignored; any other parameter is ignored too (RFC 6749 §3.2).
+func (r *TokenRequest) formField(key string) (*string, uint8) {
+	switch key {
+	case "grant_type":
+		return &r.GrantType, 1 << 0
+	case "subject_token_type":
+		return &r.SubjectTokenType, 1 << 1
+	case "subject_token":
+		return &r.SubjectToken, 1 << 2
+	case "federation_policy_id":
+		return &r.PolicyID, 1 << 3
+	case "requested_token_type":
+		return &r.RequestedTokenType, 1 << 4
+	case "scope":
+		return &r.Scope, 1 << 5
+	}
+	return nil, 0
 }
 
 // maxPolicyID bounds federation_policy_id; ids are UUIDs (36 bytes).
 const maxPolicyID = 64
+
+// formUnescape is url.QueryUnescape, which allocates even when there is
+// nothing to decode; most of a form (a JWT, a UUID) has nothing.
+func formUnescape(s string) (string, error) {
+	if !strings.ContainsAny(s, "%+") {
+		return s, nil
+	}
+	return url.QueryUnescape(s)
+}
 
 // ParseTokenForm decodes an application/x-www-form-urlencoded exchange body
 // and applies every field rule of the spec, in a fixed order, so that one
 // body always gives the same error. A parameter sent without a value counts
 // as omitted (RFC 6749 §3.1); a parameter we read that is sent twice is
 // refused (RFC 6749 §3.2).
-func ParseTokenForm(body []byte) (*TokenRequest, error) {
+func ParseTokenForm(body []byte) (*TokenRequest, error) { return parseTokenForm(string(body)) }
+
+// parseTokenForm is ParseTokenForm; the request's values are substrings
+// of body.
+func parseTokenForm(body string) (*TokenRequest, error) {
 	r := &TokenRequest{}
-	seen := map[string]bool{}
-	for pair := range strings.SplitSeq(string(body), "&") {
+	var seen uint8
+	for pair := range strings.SplitSeq(body, "&") {
 		if pair == "" {
 			continue
 		}
 		rawKey, rawValue, _ := strings.Cut(pair, "=")
-		key, err := url.QueryUnescape(rawKey)
+		key, err := formUnescape(rawKey)
 		if err != nil {
 			return nil, invalidRequest("the body is not valid form encoding")
 		}
-		field, ok := formFields[key]
-		if !ok {
+		field, bit := r.formField(key)
+		if field == nil {
 			continue
 		}
-		if seen[key] {
+		if seen&bit != 0 {
 			return nil, invalidRequest("parameter %s is sent more than once", key)
 		}
-		seen[key] = true
-		value, err := url.QueryUnescape(rawValue)
+		seen |= bit
+		value, err := formUnescape(rawValue)
 		if err != nil {
 			return nil, invalidRequest("parameter %s is not valid form encoding", key)
 		}
-		*field(r) = value
+		*field = value
 	}
 	switch {
 	case r.GrantType == "":

@@ -1,16 +1,17 @@
 package federation
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/apierr"
@@ -73,11 +74,9 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		writeOAuth(w, r, apierr.New(http.StatusMethodNotAllowed, ReasonInvalidRequest, "use POST"))
 		return
 	}
-	tooLarge := apierr.New(http.StatusRequestEntityTooLarge, ReasonInvalidRequest,
-		"the body must be under 32 KB (at most 32767 bytes)")
 	if r.ContentLength > MaxTokenBody {
 		rest.Drain(w, r.Body)
-		writeOAuth(w, r, tooLarge)
+		writeOAuth(w, r, errBodyTooLarge)
 		return
 	}
 	// A form is small: an encoded one is refused, never parsed as if plain.
@@ -85,16 +84,12 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		writeOAuth(w, r, invalidRequest("Content-Encoding is not supported here: send the form as is"))
 		return
 	}
-	// One allocation of the announced size (bounded above), not
-	// io.ReadAll's doubling.
-	buf := bytes.NewBuffer(make([]byte, 0, max(512, min(r.ContentLength, MaxTokenBody)+1)))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxTokenBody))
-	body := buf.Bytes()
+	body, err := readBody(http.MaxBytesReader(w, r.Body, MaxTokenBody), r.ContentLength)
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
 			rest.Drain(w, r.Body)
-			writeOAuth(w, r, tooLarge)
+			writeOAuth(w, r, errBodyTooLarge)
 			return
 		}
 		writeOAuth(w, r, invalidRequest("the body could not be read"))
@@ -104,7 +99,7 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		writeOAuth(w, r, err)
 		return
 	}
-	req, err := ParseTokenForm(body)
+	req, err := parseTokenForm(body)
 	if err != nil {
 		writeOAuth(w, r, err)
 		return
@@ -126,7 +121,55 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		writeOAuth(w, r, err)
 		return
 	}
-	rest.WriteJSON(w, http.StatusOK, res)
+	writeExchangeResult(w, res)
+}
+
+var errBodyTooLarge = apierr.New(http.StatusRequestEntityTooLarge, ReasonInvalidRequest,
+	"the body must be under 32 KB (at most 32767 bytes)")
+
+// readChunks are the buffers bodies are read through.
+var readChunks = sync.Pool{New: func() any { return new([2048]byte) }}
+
+// readBody reads the whole body into one string of the announced size
+// (bounded by the caller's limit), which the parsed form's values then
+// share: no second copy of the body for them.
+func readBody(body io.Reader, announced int64) (string, error) {
+	var b strings.Builder
+	b.Grow(int(max(0, min(announced, MaxTokenBody))))
+	chunk := readChunks.Get().(*[2048]byte)
+	defer readChunks.Put(chunk)
+	for {
+		n, err := body.Read(chunk[:])
+		b.Write(chunk[:n])
+		if err == io.EOF {
+			return b.String(), nil
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+}
+
+// answerBufs are the buffers exchange answers are built in.
+var answerBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// writeExchangeResult writes the exchange's answer as rest.WriteJSON
+// would (the same bytes), appended by hand: encoding/json's reflection
+// cost more than the rest of the answer.
+func writeExchangeResult(w http.ResponseWriter, res *ExchangeResult) {
+	buf := answerBufs.Get().(*[]byte)
+	b := append((*buf)[:0], '{')
+	b = appendJSONMember(b, "access_token", res.AccessToken)
+	b = appendJSONMember(b, "issued_token_type", res.IssuedTokenType)
+	b = appendJSONMember(b, "token_type", res.TokenType)
+	b = appendJSONInt(b, "expires_in", res.ExpiresIn)
+	b = appendJSONMember(b, "scope", res.Scope)
+	b = append(b, '}', '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(b) // a Writer does not keep b
+	*buf = b
+	answerBufs.Put(buf)
 }
 
 // jwk is one published public key (RFC 7517/7518).

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,7 @@ const maxAccessToken = 4096
 type signingKey struct {
 	id           string
 	generation   int64
+	header       string // the access token's encoded JOSE header, the same for every token this key signs
 	pub          *ecdsa.PublicKey
 	priv         *ecdsa.PrivateKey
 	signFrom     time.Time
@@ -134,7 +136,18 @@ func (g *signer) parse(r *store.SigningKey, prev *signingKey) (*signingKey, erro
 	if err != nil {
 		return nil, fmt.Errorf("signing key %s: %w", r.ID, err)
 	}
-	return &signingKey{id: r.ID, generation: r.Generation, pub: pub, signFrom: r.SignFrom, signUntil: r.SignUntil, publishUntil: r.PublishUntil}, nil
+	return &signingKey{id: r.ID, generation: r.Generation, header: accessTokenHeader(r.ID), pub: pub,
+		signFrom: r.SignFrom, signUntil: r.SignUntil, publishUntil: r.PublishUntil}, nil
+}
+
+// accessTokenHeader is the encoded header of the access tokens key kid
+// signs: what golang-jwt writes for jwt.NewWithClaims(jwt.SigningMethodES256,
+// …) with typ at+jwt and the kid (a map, so the names are sorted).
+func accessTokenHeader(kid string) string {
+	h := append([]byte(`{"alg":"ES256"`), `,"kid":`...)
+	h = appendJSONString(h, kid)
+	h = append(h, `,"typ":"`+accessTokenType+`"}`...)
+	return base64.RawURLEncoding.EncodeToString(h)
 }
 
 // rotate creates the next key when the newest one is about to stop
@@ -225,7 +238,7 @@ func (g *signer) signingKeyNow(ctx context.Context) (*signingKey, error) {
 }
 
 // accessClaims are the claims of an issued access token (RFC 9068 plus
-// ours).
+// ours), as VerifyAccessToken reads them.
 type accessClaims struct {
 	jwt.RegisteredClaims
 	ClientID           string `json:"client_id"`
@@ -234,16 +247,69 @@ type accessClaims struct {
 	FederationIssuerID string `json:"federation_issuer_id"`
 }
 
-// issue signs an access token acting as keyID.
-func (g *signer) issue(ctx context.Context, c *accessClaims) (string, error) {
+// accessGrant is what an issued access token says: its claims are
+// appendClaims of it.
+type accessGrant struct {
+	issuer, subject, id string
+	issuedAt, expiresAt int64 // Unix seconds
+	clientID            string
+	policyID, issuerID  string
+}
+
+// appendClaims appends the token's claims set: the bytes json.Marshal
+// writes for the equivalent accessClaims (iss, sub, aud as an array, exp,
+// iat, jti, then ours), without its reflection.
+func (a *accessGrant) appendClaims(dst []byte) []byte {
+	dst = append(dst, '{')
+	if a.issuer != "" {
+		dst = appendJSONMember(dst, "iss", a.issuer)
+	}
+	if a.subject != "" {
+		dst = appendJSONMember(dst, "sub", a.subject)
+	}
+	dst = appendJSONName(dst, "aud")
+	dst = append(dst, '[')
+	dst = appendJSONString(dst, a.issuer)
+	dst = append(dst, ']')
+	dst = appendJSONInt(dst, "exp", a.expiresAt)
+	dst = appendJSONInt(dst, "iat", a.issuedAt)
+	if a.id != "" {
+		dst = appendJSONMember(dst, "jti", a.id)
+	}
+	dst = appendJSONMember(dst, "client_id", a.clientID)
+	dst = appendJSONMember(dst, "scope", scopeInference)
+	dst = appendJSONMember(dst, "federation_policy_id", a.policyID)
+	dst = appendJSONMember(dst, "federation_issuer_id", a.issuerID)
+	return append(dst, '}')
+}
+
+// issue signs an access token with the key that signs now. The signature
+// is golang-jwt's ES256 signing method, as for any token it builds; only
+// the JSON is written here: the header is encoded once per key, the claims
+// by appendClaims.
+func (g *signer) issue(ctx context.Context, a *accessGrant) (string, error) {
 	k, err := g.signingKeyNow(ctx)
 	if err != nil {
 		return "", err
 	}
-	t := jwt.NewWithClaims(jwt.SigningMethodES256, c)
-	t.Header["typ"] = accessTokenType
-	t.Header["kid"] = k.id
-	return t.SignedString(k.priv)
+	var claims, enc [1024]byte // on the stack unless the claims are unusually long
+	c := a.appendClaims(claims[:0])
+	b64 := base64.RawURLEncoding
+	// One allocation for the whole token: the signing input is a prefix
+	// of the builder's buffer, which later writes only extend. An ES256
+	// signature is 64 bytes.
+	var t strings.Builder
+	t.Grow(len(k.header) + 1 + b64.EncodedLen(len(c)) + 1 + b64.EncodedLen(64))
+	t.WriteString(k.header)
+	t.WriteByte('.')
+	t.Write(b64.AppendEncode(enc[:0], c))
+	sig, err := jwt.SigningMethodES256.Sign(t.String(), k.priv)
+	if err != nil {
+		return "", err
+	}
+	t.WriteByte('.')
+	t.Write(b64.AppendEncode(enc[:0], sig))
+	return t.String(), nil
 }
 
 // publicKey returns the published key with kid, reloading from the

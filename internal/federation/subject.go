@@ -2,7 +2,6 @@ package federation
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -81,65 +80,6 @@ func ParseSubjectToken(raw string) (*SubjectToken, error) {
 	t.Alg, _ = header["alg"].(string)
 	t.Kid, _ = header["kid"].(string)
 	return t, nil
-}
-
-// decodeObject decodes one JSON object, refusing duplicate member names at
-// its top level (json.Unmarshal refuses trailing data). The object is
-// decoded in one call; duplicates are then found by counting the
-// top-level names in the bytes: more names than map entries means a name
-// came twice. Numbers become float64, which NumericDate claims are.
-func decodeObject(b []byte) (map[string]any, error) {
-	var out map[string]any
-	if err := json.Unmarshal(b, &out); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, errors.New("not a JSON object")
-		}
-		return nil, errors.New("not JSON")
-	}
-	if out == nil {
-		return nil, errors.New("not a JSON object")
-	}
-	if !utf8.Valid(b) {
-		return nil, errors.New("not UTF-8")
-	}
-	if n := topLevelNames(b); n != len(out) {
-		return nil, errors.New("a member name appears twice")
-	}
-	return out, nil
-}
-
-// topLevelNames counts the member names of the JSON object in b, which
-// must be valid JSON (it was just decoded). A string at depth 1 followed
-// by ':' is a name.
-func topLevelNames(b []byte) int {
-	depth, names := 0, 0
-	for i := 0; i < len(b); i++ {
-		switch b[i] {
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-		case '"':
-			j := i + 1
-			for ; j < len(b) && b[j] != '"'; j++ {
-				if b[j] == '\\' {
-					j++
-				}
-			}
-			if depth == 1 {
-				k := j + 1
-				for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') {
-					k++
-				}
-				if k < len(b) && b[k] == ':' {
-					names++
-				}
-			}
-			i = j
-		}
-	}
-	return names
 }
 
 // CheckLimits applies the spec's size bounds, which come before any rule:
