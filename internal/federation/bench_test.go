@@ -14,20 +14,26 @@ import (
 )
 
 // BenchmarkFederation measures, in one run, a full token exchange through
-// the real HTTP handler on SQLite with a warm JWKS cache, and the bare
-// cryptography every exchange must do (verify an RS256 subject token, sign
-// an ES256 access token): the floor the exchange cannot go below.
+// the real HTTP handler with a warm JWKS cache (on SQLite with one
+// connection, on SQLite with its read pool as serve opens it, and on
+// PostgreSQL), and the bare cryptography every exchange must do (verify an
+// RS256 subject token, sign an ES256 access token): the floor the exchange
+// cannot go below.
 //
 //	go test -run '^$' -bench BenchmarkFederation -count 10 ./internal/federation/
 func BenchmarkFederation(b *testing.B) {
-	for _, pool := range []string{"one_connection", "read_pool"} {
-		b.Run(pool, func(b *testing.B) { benchFederation(b, pool == "read_pool") })
+	for _, store := range []string{"one_connection", "read_pool", "postgres"} {
+		b.Run(store, func(b *testing.B) { benchFederation(b, store) })
 	}
 }
 
-func benchFederation(b *testing.B, readPool bool) {
+func benchFederation(b *testing.B, store string) {
 	p := newIDP(b)
 	db, reads := storetest.SQLiteWithReads(b)
+	if store == "postgres" {
+		db, reads = storetest.Postgres(b), nil
+	}
+	readPool := store == "read_pool"
 	f := newFed(b, db, p)
 	// A gateway as `cohort serve` builds it, logging to nowhere (the test
 	// environment keeps every log line in memory).
@@ -60,7 +66,8 @@ func benchFederation(b *testing.B, readPool bool) {
 	})
 
 	// Eight clients at once on two cores: with one SQLite connection for
-	// everything, the policy reads queue behind each other.
+	// everything, the policy reads queue behind each other; PostgreSQL
+	// overlaps round trips.
 	b.Run("exchange_8_clients", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetParallelism(4)
