@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -492,26 +493,7 @@ func (p *Provisioner) liveJails(ctx context.Context) ([]string, error) {
 	if p.Jail == nil {
 		return nil, nil
 	}
-	dir := filepath.Dir(p.controlPath("x"))
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	var ids []string
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".sock")
-		if !ok {
-			continue
-		}
-		if !jail.Alive(filepath.Join(dir, e.Name())) {
-			os.Remove(filepath.Join(dir, e.Name()))
-			continue
-		}
-		ids = append(ids, id)
-	}
+	ids := p.aliveJails()
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -525,20 +507,60 @@ func (p *Provisioner) liveJails(ctx context.Context) ([]string, error) {
 	for _, id := range running {
 		keep[id] = true
 	}
+	var stop []string
 	for _, id := range ids {
-		if keep[id] {
+		if !keep[id] {
+			stop = append(stop, id)
+		}
+	}
+	p.stopJails(stop, "its intern no longer runs")
+	return running, nil
+}
+
+// aliveJails lists the interns whose jails listen in the data directory,
+// removing the sockets nobody listens on.
+func (p *Provisioner) aliveJails() []string {
+	dir := filepath.Dir(p.controlPath("x"))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".sock")
+		if !ok {
 			continue
 		}
-		if j, err := jail.Attach(p.controlPath(id), nil); err == nil {
-			p.Log.Info("intern's jail from a previous gateway stopped", "intern", id, "why", "its intern no longer runs")
+		if !jail.Alive(filepath.Join(dir, e.Name())) {
+			os.Remove(filepath.Join(dir, e.Name()))
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// stopJails ends the interns' jails (at once, in parallel), waiting for
+// each at most 5 s.
+func (p *Provisioner) stopJails(ids []string, why string) {
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j, err := jail.Attach(p.controlPath(id), nil)
+			if err != nil {
+				return
+			}
+			p.Log.Info("intern's jail from a previous gateway stopped", "intern", id, "why", why)
 			j.Kill()
 			select {
 			case <-j.Done():
 			case <-time.After(5 * time.Second):
 			}
-		}
+		}()
 	}
-	return running, nil
+	wg.Wait()
 }
 
 // HiddenPaths lists what a jail must never show, for JailConfig.Hide.

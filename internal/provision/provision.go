@@ -473,6 +473,12 @@ func (p *Provisioner) Close() {
 		}()
 	}
 	wg.Wait()
+	if p.Jail != nil && !p.leaving {
+		// Jails a previous gateway left that this one had not attached
+		// yet (a stop right after a start) would otherwise run on for the
+		// previous gateway's orphan timeout.
+		p.stopJails(p.aliveJails(), "the gateway stops, and its jails with it")
+	}
 }
 
 // VerifyDaemonSecret reports whether presented is the daemon secret stored
