@@ -12,7 +12,7 @@ import (
 // instead of by acp-go-sdk. The SDK marshals an update three times (the
 // variant, a map built from it, then the whole message, whose params it
 // scans once more); that was a third of the agent's CPU per streamed event
-// (docs/benchmarks.md, "Chat path"). The bytes are the SDK's own, byte for
+// (docs/benchmarks.md, "Chat": "What got the chat path here"). The bytes are the SDK's own, byte for
 // byte (TestTextUpdateMatchesSDK): the keys in the order it writes them,
 // strings escaped as encoding/json escapes them (HTML characters, U+2028
 // and U+2029 included, invalid UTF-8 as U+FFFD).

@@ -128,10 +128,10 @@ type stmtKey struct {
 // request, written by hand beside bun and prepared once (stmt): bun sends
 // literal SQL, which SQLite parses again on every call. Preparing it cut the
 // request path's overhead over a bare insert from about 140 µs to 56 µs
-// (docs/benchmarks.md, Workspace creation, SQLite); reading the intern in
+// (docs/benchmarks.md as of 233a0f0, Workspace creation, SQLite); reading the intern in
 // the same prepared query (a Join) took a chat turn through the REST door
 // from 415.7 to 317.1 µs on SQLite and 740.5 to 599.7 µs on PostgreSQL
-// (Chat, round 3).
+// (docs/benchmarks.md as of 233a0f0, "Chat, round 3").
 const keyColumns = `SELECT k.id, k.organization_id, k.workspace_id, k.user_id, k.kind, k.hash,
 	k.disabled_at IS NOT NULL, k.deleted_at IS NOT NULL,
 	o.interns_programme, o.workload_identity, o.vault_writes,

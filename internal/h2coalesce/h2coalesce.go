@@ -1,7 +1,7 @@
 // Package h2coalesce dials connections on which an HTTP/2 client sends a
 // request's HEADERS frame in the same write as its body.
 //
-// Its figure (docs/benchmarks.md, "Chat, round 4", "Then: one write per
+// Its figure (docs/benchmarks.md as of 233a0f0, "Chat, round 4", "Then: one write per
 // daemon call"): the gateway-alone time to first chunk, four pairs of runs
 // alternating the binaries, paired medians 252, 254, 282 and 323 µs
 // without it and 240, 240, 269 and 271 µs with it, lower in every pair. A

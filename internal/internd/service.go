@@ -26,7 +26,7 @@ func (d *Daemon) Handler() http.Handler {
 		// (most of the CPU of a stream, measured). The bound is above the
 		// largest merged text delta (maxMerged, and the built-in agent's
 		// own merged updates), so a stream of merged deltas is not gzipped
-		// either (docs/benchmarks.md, "Chat path").
+		// either (docs/benchmarks.md, "Chat": "What got the chat path here").
 		connect.WithCompressMinBytes(8192),
 	)
 	mux.Handle(interndv1connect.NewInternDaemonServiceHandler(service{d}, opts))

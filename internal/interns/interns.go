@@ -219,7 +219,7 @@ func visibleRule(i, org, management, workspace string) string {
 // It is hand-written SQL beside bun because it rides on the key lookup's
 // prepared statement (auth.Join): a chat turn then makes one database round
 // trip, and SQLite does not parse bun's literal SQL again on every turn.
-// Its figure (docs/benchmarks.md, "Chat, round 3", BenchmarkTurn, old and
+// Its figure (docs/benchmarks.md as of 233a0f0, "Chat, round 3", BenchmarkTurn, old and
 // new binaries alternated, medians of 6): a turn through the REST door took
 // 317.1 µs against 415.7 µs on SQLite and 599.7 against 740.5 µs on
 // PostgreSQL, the gateway's added time on SQLite 190 µs against 285 µs.

@@ -2,7 +2,7 @@
 // already arrived and not been read, so that it can send everything that
 // is waiting in one write without ever holding back what is not.
 //
-// Its figures (docs/benchmarks.md, "Chat, round 4", binaries before and
+// Its figures (docs/benchmarks.md as of 233a0f0, "Chat, round 4", binaries before and
 // after alternated, two runs each): the gateway alone relayed a chunk for
 // 6.8 and 9.5 µs of CPU, against 9.3 and 10.2 µs before, and would carry
 // 235,000 and 211,000 chunks per second per core, against 138,000 and

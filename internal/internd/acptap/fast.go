@@ -9,7 +9,7 @@ import (
 // The text chunks of acp-go-sdk agents (the built-in agent among them)
 // come in one fixed shape: the SDK writes keys in one order. Lines in that
 // shape are read here without encoding/json, which was most of the tap's
-// CPU (docs/benchmarks.md, "Chat path"); any other line, or a string this
+// CPU (docs/benchmarks.md, "Chat": "What got the chat path here"); any other line, or a string this
 // reader does not take as is, goes to the general decoding, so the result
 // is the same.
 
