@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -146,17 +147,19 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	wakeAll := time.Since(t0)
-	answered := 0
-	var mu sync.Mutex
-	err = eachParallel(group, 16, func(id string) error {
-		if _, err := fleetTurn(ctx, base, wk, id); err != nil {
-			return err
-		}
-		mu.Lock()
-		answered++
-		mu.Unlock()
-		return nil
-	})
+	// turns sends each intern one turn, 16 at a time, counting the answers.
+	turns := func(ids []string) (int, error) {
+		var answered atomic.Int64
+		err := eachParallel(ids, 16, func(id string) error {
+			if _, err := fleetTurn(ctx, base, wk, id); err != nil {
+				return err
+			}
+			answered.Add(1)
+			return nil
+		})
+		return int(answered.Load()), err
+	}
+	answered, err := turns(group)
 	if err != nil {
 		return err
 	}
@@ -184,17 +187,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	base += "/api/v1"
-	answered = 0
-	err = eachParallel(append(group, demo), 16, func(id string) error {
-		if _, err := fleetTurn(ctx, base, wk, id); err != nil {
-			return err
-		}
-		mu.Lock()
-		answered++
-		mu.Unlock()
-		return nil
-	})
-	if err != nil {
+	if answered, err = turns(append(group, demo)); err != nil {
 		return fmt.Errorf("after the restart: %w", err)
 	}
 	alive := 0

@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/cohort-dev/cohort/internal/jsonstr"
 )
 
 // The hot notification, session/update with a text chunk, is encoded here
@@ -68,64 +70,31 @@ func (e *textUpdates) line(model, text string, thought bool) []byte {
 	return b
 }
 
-const hexDigits = "0123456789abcdef"
-
 // appendJSONString appends s as a JSON string the way encoding/json's
 // Marshal writes it (with its default HTML escaping). A byte that is not
 // UTF-8 becomes "\ufffd", or with rawBad the character U+FFFD itself: the
 // SDK passes an update's content through a map and back, and the second
 // encoding writes the decoded replacement character as is.
 func appendJSONString(b []byte, s string, rawBad bool) []byte {
-	b = append(b, '"')
-	start := 0
+	if rawBad && !utf8.ValidString(s) {
+		s = replaceBadBytes(s)
+	}
+	return jsonstr.Append(b, s, true)
+}
+
+// replaceBadBytes replaces each byte of s that is not UTF-8 with U+FFFD,
+// one per byte as encoding/json does (strings.ToValidUTF8 replaces a run
+// with one).
+func replaceBadBytes(s string) string {
+	out := make([]byte, 0, len(s)+8)
 	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				// Other control characters, and <, > and & (HTML escaping).
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
 		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			if rawBad {
-				b = append(b, "\uFFFD"...)
-			} else {
-				b = append(b, `\ufffd`...)
-			}
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-		default:
-			i += size
-			continue
+		if r == utf8.RuneError && size == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, s[i:i+size]...)
 		}
 		i += size
-		start = i
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return string(out)
 }

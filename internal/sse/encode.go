@@ -3,9 +3,9 @@ package sse
 import (
 	"math"
 	"strconv"
-	"unicode/utf8"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/jsonstr"
 )
 
 // AppendChunk appends c as the spec's chunk JSON, keys in a fixed order.
@@ -136,56 +136,8 @@ func appendUsage(b []byte, u *cohortv1.ChatUsage) []byte {
 	return append(b, '}')
 }
 
-const hex = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, and
-// U+2028/U+2029 are escaped so the line stays one line for any JavaScript
-// consumer; a raw newline can never appear, which keeps each event on one
-// `data:` line.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}
+// appendString appends s as a JSON string, as json.Marshal writes it
+// without HTML escaping (as OpenAI's own streams do). U+2028 and U+2029
+// are escaped and a raw newline can never appear, which keeps each event
+// on one `data:` line.
+func appendString(b []byte, s string) []byte { return jsonstr.Append(b, s, false) }
