@@ -393,8 +393,11 @@ func (n *Node) work(p *pod) {
 	n.live(p)
 	select {
 	case <-p.term:
-		n.confirmDelete(p)
+		// The Pod's own directories go before the deletion is confirmed,
+		// as a kubelet tears down volumes first: whoever sees the object
+		// gone finds them gone too.
 		os.RemoveAll(p.dir)
+		n.confirmDelete(p)
 	case <-p.ctx.Done():
 		if p.gone.Load() {
 			os.RemoveAll(p.dir)
