@@ -138,6 +138,15 @@ func TestControlJailOutlivesItsCaller(t *testing.T) {
 				}
 			}
 
+			// Asking whether the jail is alive takes nothing over.
+			if !jail.Alive(ctl) {
+				t.Fatal("a running jail is not alive")
+			}
+			before := strings.Count(first.String(), "relay: first:")
+			testutil.Eventually(t, 10*time.Second, "the first caller still answers after Alive", func() bool {
+				return strings.Count(first.String(), "relay: first:") > before+2
+			})
+
 			// The caller goes; the program goes on, its next relay
 			// connection waits for the next caller.
 			j1.Detach()

@@ -244,8 +244,21 @@ func (c *control) serve(ln *net.UnixListener) {
 			conn.Close()
 			continue
 		}
-		c.attach(conn, true)
+		go c.handshake(conn)
 	}
+}
+
+// handshake attaches a caller that asks to (msgAttach); a connection that
+// only checks the jail is alive (Alive) and closes takes nothing over.
+func (c *control) handshake(conn *net.UnixConn) {
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if n, err := conn.Read(b[:]); err != nil || n != 1 || b[0] != msgAttach {
+		conn.Close()
+		return
+	}
+	conn.SetReadDeadline(time.Time{})
+	c.attach(conn, true)
 }
 
 // attach makes conn the caller: it is greeted, then receives what waited.

@@ -230,7 +230,8 @@ func SystemBinds() []Bind {
 // Messages between the init and its caller, one per packet
 // (SOCK_SEQPACKET keeps their boundaries).
 const (
-	msgHello  = 'h' // init → caller: 'h' + Tag, first on every control connection
+	msgAttach = 'A' // caller → init: first on a control connection: take the jail over
+	msgHello  = 'h' // init → caller: 'h' + Tag, the answer to msgAttach
 	msgRelay  = 'r' // init → caller: 'r' + kind, with the connection's descriptor
 	msgOutput = 'o' // init → caller: 'o' + a chunk of the program's output
 	msgExit   = 'x' // init → caller: 'x' + the program's status in decimal; the init then exits

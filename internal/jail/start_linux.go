@@ -148,8 +148,8 @@ func removeStale(path string) error {
 	return nil
 }
 
-// Alive reports whether a jail listens at the control path (it does not
-// attach).
+// Alive reports whether a jail listens at the control path. It takes
+// nothing over: the attached caller stays attached.
 func Alive(path string) bool {
 	c, err := dialControl(path)
 	if err != nil {
@@ -203,7 +203,11 @@ func Attach(path string, output io.Writer) (*Jail, error) {
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, maxPacket)
-	n, err := c.Read(buf)
+	_, err = c.Write([]byte{msgAttach})
+	n := 0
+	if err == nil {
+		n, err = c.Read(buf)
+	}
 	if err != nil || n == 0 || buf[0] != msgHello {
 		c.Close()
 		if err == nil {
