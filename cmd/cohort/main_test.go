@@ -44,7 +44,9 @@ func startServe(t *testing.T, args ...string) (string, *syncBuf, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errOut := &syncBuf{}, &syncBuf{}
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), out, errOut) }()
+	// The jails end with the test's gateway (--jail-orphan-timeout 0).
+	args = append([]string{"serve", "--listen", "127.0.0.1:0", "--jail-orphan-timeout", "0"}, args...)
+	go func() { done <- run(ctx, args, out, errOut) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if m := listenRE.FindStringSubmatch(out.String()); m != nil {

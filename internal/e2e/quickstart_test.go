@@ -18,7 +18,10 @@ import (
 func TestQuickStart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	gw := startIn(t, dir, "gateway", nil, "serve", "--listen", "127.0.0.1:0")
+	// The README's command; only the jail's orphan timeout is 0, so that
+	// the intern's jail ends with this test's gateway instead of waiting
+	// ten minutes for another.
+	gw := startIn(t, dir, "gateway", []string{"COHORT_JAIL_ORPHAN_TIMEOUT=0"}, "serve", "--listen", "127.0.0.1:0")
 	b, err := os.ReadFile(filepath.Join(dir, ".cohort", "bootstrap.json"))
 	if err != nil {
 		t.Fatal(err)
