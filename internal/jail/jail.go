@@ -152,7 +152,8 @@ type Jail struct {
 	output  io.Writer
 	mu      sync.Mutex
 	exit    int           // the program's status as the init reported it; -1 unknown
-	gone    chan struct{} // closed by Detach
+	gone    chan struct{} // a Control jail's: closed by Detach
+	detach  sync.Once
 }
 
 type accepted struct {

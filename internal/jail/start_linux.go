@@ -120,7 +120,12 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	}()
 	if conn != nil {
 		j.conns = make(chan accepted)
-		go j.read(reaped)
+		stop := reaped
+		if j.control {
+			j.gone = make(chan struct{})
+			stop = j.gone
+		}
+		go j.read(stop)
 	}
 	if !j.control {
 		go func() {
@@ -217,14 +222,15 @@ func Attach(path string, output io.Writer) (*Jail, error) {
 	}
 	c.SetReadDeadline(time.Time{})
 	j := &Jail{conn: c, conns: make(chan accepted), done: make(chan struct{}), control: true,
-		tag: string(buf[1:n]), pid: pid, output: output, exit: -1}
-	go j.read(nil)
+		tag: string(buf[1:n]), pid: pid, output: output, exit: -1, gone: make(chan struct{})}
+	go j.read(j.gone)
 	return j, nil
 }
 
-// read receives the init's messages until the connection ends. Without
-// Control the connection ends with the init (reaped closes then).
-func (j *Jail) read(reaped <-chan struct{}) {
+// read receives the init's messages until the connection ends (without
+// Control, with the init). stop closes when nobody takes relay connections
+// any more: the init reaped, or Detach.
+func (j *Jail) read(stop <-chan struct{}) {
 	defer close(j.conns)
 	if j.control {
 		defer close(j.done)
@@ -262,7 +268,7 @@ func (j *Jail) read(reaped <-chan struct{}) {
 			}
 			select {
 			case j.conns <- accepted{buf[1], c}:
-			case <-j.stopped(reaped):
+			case <-stop:
 				c.Close()
 				return
 			}
@@ -284,35 +290,10 @@ func (j *Jail) read(reaped <-chan struct{}) {
 	}
 }
 
-// stopped is closed when nobody will take relay connections any more.
-func (j *Jail) stopped(reaped <-chan struct{}) <-chan struct{} {
-	if j.control {
-		return j.detached()
-	}
-	return reaped
-}
-
-// detached is closed by Detach (and Kill) of a Control jail.
-func (j *Jail) detached() <-chan struct{} {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.gone == nil {
-		j.gone = make(chan struct{})
-	}
-	return j.gone
-}
-
 // Detach lets go of a Control jail without stopping it: it runs on, for
 // Spec.Orphan, until a caller attaches again.
 func (j *Jail) Detach() {
-	j.detached()
-	j.mu.Lock()
-	select {
-	case <-j.gone:
-	default:
-		close(j.gone)
-	}
-	j.mu.Unlock()
+	j.detach.Do(func() { close(j.gone) })
 	if j.conn != nil {
 		j.conn.Close()
 	}
