@@ -31,6 +31,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -461,16 +462,26 @@ func binaries(t testing.TB) (api, etcd string) {
 	if err != nil {
 		fail(err)
 	}
+	// Test binaries of several packages run at once under `go test ./...`: one builds while
+	// the others wait on this lock, then find the build cached (two builds at once on a small
+	// machine each took longer than the suite's timeout).
+	unlock, err := buildLock(t)
+	if err != nil {
+		fail(err)
+	}
+	defer unlock()
 	build := func(tool string) string {
 		cmd := exec.Command(gobin, "tool", "-modfile="+filepath.Join(root, "tools", "kube", "go.mod"), "-n", tool)
 		cmd.Dir = root
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
-		slow := time.AfterFunc(3*time.Second, func() {
-			t.Logf("kubetest: building %s into the Go build cache; the first build takes minutes", tool)
+		start := time.Now()
+		stop := progress(3*time.Second, 30*time.Second, func() {
+			fmt.Fprintf(os.Stderr, "kubetest: building %s into the Go build cache (%s so far; the first build on a machine takes minutes)\n",
+				tool, time.Since(start).Round(time.Second))
 		})
 		out, err := cmd.Output()
-		slow.Stop()
+		stop()
 		if err != nil {
 			fail(fmt.Errorf("go tool -n %s: %v: %s", tool, err, strings.TrimSpace(stderr.String())))
 		}
@@ -483,6 +494,55 @@ func binaries(t testing.TB) (api, etcd string) {
 	bins.api = build("kube-apiserver")
 	bins.etcd = build("go.etcd.io/etcd/server/v3")
 	return bins.api, bins.etcd
+}
+
+// buildLock takes a lock shared by every process of this machine's user, in the Go build
+// cache's directory, printing while it waits for another test binary's build.
+func buildLock(t testing.TB) (unlock func(), err error) {
+	dir, err := exec.Command("go", "env", "GOCACHE").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go env GOCACHE: %w", err)
+	}
+	path := filepath.Join(strings.TrimSpace(string(dir)), "cohort-kubetest.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		start := time.Now()
+		stop := progress(0, 30*time.Second, func() {
+			fmt.Fprintf(os.Stderr, "kubetest: waiting for another test binary building kube-apiserver and etcd (%s so far)\n",
+				time.Since(start).Round(time.Second))
+		})
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		stop()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return func() { f.Close() }, nil
+}
+
+// progress calls say after first, then every period, until stop is called (stderr, so that a
+// run of one package shows it as it happens, not when the test ends).
+func progress(first, period time.Duration, say func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		timer := time.NewTimer(first)
+		defer timer.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-timer.C:
+				say()
+				timer.Reset(period)
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done) }) }
 }
 
 // repoRoot walks up from the working directory (a test's package directory) to the go.mod of
