@@ -11,10 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/provision"
@@ -81,6 +86,8 @@ type attempt struct {
 	success []string
 	// host files that must not exist afterwards
 	untouched []string
+	// strings that must appear: the probe ran and saw something
+	want []string
 }
 
 func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
@@ -184,6 +191,15 @@ for p in ["` + d + `/jails/` + c.Demo + `.sock", "` + d + `/jails/` + tg.other +
     except Exception as e:
         pass
 print("tried", p)' 2>&1`, success: []string{"took-over"}},
+		// Descriptors: the shell and its parent chain, as far as /proc
+		// lets it read them, hold 0-2 and their own close-on-exec
+		// descriptors only; every socket it inherited is tried for accept
+		// (the daemon's listener, once, was one); no socket bound to a
+		// path of the host shows in /proc/net/unix.
+		{name: "use an inherited descriptor", command: `python3 -c '` + fdProbe + `' 2>&1`,
+			success: []string{"fd-leak", "accepted-on-inherited", "listening-inherited"}, want: []string{"inspected-ok"}},
+		{name: "find host paths in /proc/net/unix", command: `awk 'NR>1 && NF>=8 {print "unix-" "path", $8}' /proc/net/unix; grep -c "" /proc/net/unix`,
+			success: []string{"unix-path"}},
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},
 	}
 	return tg
@@ -200,6 +216,11 @@ func (a attempt) check(t *testing.T, mode, out string, canaries map[string]strin
 	for _, s := range a.success {
 		if strings.Contains(out, s) {
 			t.Errorf("%s / %s: it worked (%q):\n%s", mode, a.name, s, tail(out, 2000))
+		}
+	}
+	for _, w := range a.want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s / %s: the probe did not run (%q missing):\n%s", mode, a.name, w, tail(out, 2000))
 		}
 	}
 	for _, f := range a.untouched {
@@ -337,9 +358,13 @@ func TestEscape(t *testing.T) {
 					args = []string{"--agent-command", bin, "--jail-ro-bind", filepath.Dir(bin)}
 					modes = []string{"self-drive", "manual"}
 				}
+				stray := strayDescriptor(t)
 				tg := newTarget(t, dbURL, args...)
 				var outputs []string
 				for _, mode := range modes {
+					// Every process of the jail, a command of this mode's
+					// among them, holds only its documented descriptors.
+					tg.checkFDsDuring(t, mode, "sleep 3", "sleep", builtin, stray)
 					for _, a := range tg.attempts {
 						out := tg.run(t, mode, a.command, builtin)
 						outputs = append(outputs, out)
@@ -416,5 +441,260 @@ func TestRemoteDaemonJail(t *testing.T) {
 		if strings.Contains(d.stderr.String(), "daemon-secret-") {
 			t.Errorf("a daemon secret reached the daemon's log")
 		}
+	}
+}
+
+// fdProbe runs in a jail's shell (Python, single-quote free): it prints
+// fd-leak for a descriptor above 2 without close-on-exec in itself or any
+// process up its parent chain it may read (those it did not open itself:
+// what it inherited), tries to accept on every socket it inherited, and
+// prints inspected-ok once it has read its own and its parent's. Markers
+// are built from halves so that the command's text never holds them.
+const fdProbe = `import os, socket, select
+leak = "fd" + "-leak"
+read = 0
+p = os.getpid()
+while p > 0:
+    try:
+        fds = os.listdir("/proc/%d/fd" % p)
+        read += 1
+    except Exception as e:
+        print("unreadable", p, type(e).__name__)
+        fds = []
+    for fd in fds:
+        try:
+            info = open("/proc/%d/fdinfo/%s" % (p, fd)).read()
+            flags = int([l for l in info.splitlines() if l.startswith("flags:")][0].split()[1], 8)
+            target = os.readlink("/proc/%d/fd/%s" % (p, fd))
+        except Exception:
+            continue
+        if int(fd) > 2 and not flags & 0o2000000:
+            print(leak, "pid", p, "fd", fd, target)
+    try:
+        p = int(open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()[1])
+    except Exception:
+        break
+for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+    try:
+        if fd < 3 or not os.get_inheritable(fd):
+            continue
+        s = socket.socket(fileno=os.dup(fd))
+    except Exception:
+        continue
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        print("listening" + "-inherited", fd, s.getsockname())
+        s.setblocking(False)
+        if select.select([s], [], [], 2)[0]:
+            c, a = s.accept()
+            print("accepted-on" + "-inherited", fd, a, c.recv(200))
+if read >= 2:
+    print("inspected" + "-ok", read)
+`
+
+// strayDescriptor gives this test process a pipe without close-on-exec,
+// as a gateway inherits one from whatever started it: every process this
+// one starts from now on (the gateways) holds it. It returns the pipe's
+// inode: no process in a jail may hold it.
+func strayDescriptor(t *testing.T) uint64 {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(w.Fd())) // dup(2) leaves close-on-exec off
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Fstat(fd, &st)
+	t.Cleanup(func() {
+		syscall.Close(fd)
+		r.Close()
+	})
+	return st.Ino
+}
+
+// nsIno is the inode of a namespace of pid (0 if it cannot be read).
+func nsIno(pid int, ns string) uint64 {
+	st, err := os.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+	if err != nil {
+		return 0
+	}
+	return st.Sys().(*syscall.Stat_t).Ino
+}
+
+// procTree reads every process's parent and name.
+func procTree() (parent map[int]int, comm map[int]string) {
+	parent, comm = map[int]int{}, map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || close < open {
+			continue
+		}
+		f := strings.Fields(string(b[close+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		parent[pid] = atoi(f[1])
+		comm[pid] = string(b[open+1 : close])
+	}
+	return parent, comm
+}
+
+// jailed returns the processes under root whose network namespace is not
+// root's: everything in its jails.
+func jailed(root int) (pids []int, parent map[int]int, comm map[int]string) {
+	parent, comm = procTree()
+	children := map[int][]int{}
+	for pid, pp := range parent {
+		children[pp] = append(children[pp], pid)
+	}
+	hostNet := nsIno(root, "net")
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			queue = append(queue, c)
+			if n := nsIno(c, "net"); n != 0 && n != hostNet {
+				pids = append(pids, c)
+			}
+		}
+	}
+	sort.Ints(pids)
+	return pids, parent, comm
+}
+
+// socketNetNS is the inode of the network namespace of pid's socket fd,
+// through a copy of the descriptor (pidfd_getfd; this test runs as root).
+func socketNetNS(pid, fd int) (uint64, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(pidfd)
+	mine, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(mine)
+	const siocgskns = 0x894C // the socket's network namespace, as a descriptor
+	ns, err := unix.IoctlRetInt(mine, siocgskns)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(ns)
+	var st unix.Stat_t
+	if err := unix.Fstat(ns, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// fdViolations checks the descriptor invariant in every process of the
+// jails under root (a gateway, or `cohort intern --jail`), seen from the
+// host, where nothing hides a process's descriptors:
+//   - no process holds a descriptor above 2 without close-on-exec: what it
+//     has that it did not open itself came across exec, and only 0-2 may
+//     (the daemon's listener and secret pipe, 3 and 4, are closed at once);
+//   - no process holds the pipe stray (the gateway's inherited descriptor);
+//   - no socket is in another network namespace than its process, except
+//     in a jail's init (its caller's socket pair, the control listener)
+//     and in the intern's daemon (its listener and the gateway's
+//     connections, on the host's loopback: by design, the gateway's way in).
+//
+// It returns the violations and what it looked at.
+func fdViolations(root int, stray uint64) (violations, seen []string) {
+	pids, parent, comm := jailed(root)
+	hostNet := nsIno(root, "net")
+	for _, pid := range pids {
+		pp := parent[pid]
+		init := nsIno(pid, "pid") != nsIno(pp, "pid")
+		daemon := !init && nsIno(pp, "pid") != nsIno(parent[pp], "pid") && nsIno(parent[pp], "net") == hostNet
+		role := map[bool]string{true: "init"}[init] + map[bool]string{true: "daemon"}[daemon]
+		who := fmt.Sprintf("pid %d (%s%s)", pid, comm[pid], map[bool]string{true: ", " + role}[role != ""])
+		seen = append(seen, who)
+		netns := nsIno(pid, "net")
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue // gone
+		}
+		for _, e := range fds {
+			fd := atoi(e.Name())
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
+			if err != nil {
+				continue
+			}
+			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+			if err != nil {
+				continue
+			}
+			var flags uint64
+			for _, l := range strings.Split(string(info), "\n") {
+				if v, ok := strings.CutPrefix(l, "flags:"); ok {
+					flags, _ = strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+				}
+			}
+			if fd > 2 && flags&unix.O_CLOEXEC == 0 {
+				violations = append(violations, fmt.Sprintf("%s holds fd %d → %s without close-on-exec (inherited)", who, fd, target))
+			}
+			if target == fmt.Sprintf("pipe:[%d]", stray) {
+				violations = append(violations, fmt.Sprintf("%s holds fd %d, the gateway's inherited pipe", who, fd))
+			}
+			if strings.HasPrefix(target, "socket:") && !init && !daemon {
+				if ns, err := socketNetNS(pid, fd); err == nil && ns != netns {
+					violations = append(violations, fmt.Sprintf("%s holds fd %d → %s, a socket of another network namespace", who, fd, target))
+				}
+			}
+		}
+	}
+	return violations, seen
+}
+
+// checkFDsDuring runs command (a sleep) as an attempt in mode and checks
+// the descriptor invariant while it runs: every process of the jail, the
+// command's own included.
+func (tg *target) checkFDsDuring(t *testing.T, mode, command, comm string, builtin bool, stray uint64) {
+	t.Helper()
+	type result struct{ violations, seen []string }
+	done, got := make(chan struct{}), make(chan result, 1)
+	go func() {
+		for {
+			pids, _, names := jailed(tg.gw.cmd.Process.Pid)
+			for _, p := range pids {
+				if names[p] == comm {
+					v, s := fdViolations(tg.gw.cmd.Process.Pid, stray)
+					got <- result{v, s}
+					return
+				}
+			}
+			select {
+			case <-done:
+				got <- result{}
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	tg.run(t, mode, command, builtin)
+	close(done)
+	r := <-got
+	if len(r.seen) == 0 {
+		t.Errorf("%s: the command %q was never seen running in a jail", mode, comm)
+		return
+	}
+	t.Logf("%s: descriptors checked in %s", mode, strings.Join(r.seen, "; "))
+	for _, v := range r.violations {
+		t.Errorf("%s: %s", mode, v)
 	}
 }
