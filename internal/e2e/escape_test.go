@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -696,5 +700,87 @@ func (tg *target) checkFDsDuring(t *testing.T, mode, command, comm string, built
 	t.Logf("%s: descriptors checked in %s", mode, strings.Join(r.seen, "; "))
 	for _, v := range r.violations {
 		t.Errorf("%s: %s", mode, v)
+	}
+}
+
+// The attack of issue 26: a program in a jail captured what the gateway
+// presents to an intern's daemon (it accepted on the daemon's listener,
+// which it had inherited, and read the Authorization header) and replayed
+// it to the gateway's ReleaseSecret as the daemon. Here the daemon is this
+// test's own, registered as a remote daemon, and it records every header
+// the gateway (and the admin CLI) present: each one replayed is refused,
+// while the daemon's own credential is answered (the refusal is not the
+// endpoint's absence). Local jails and Pods are dialled by the same code.
+func TestEscapeReplayGatewayCredential(t *testing.T) {
+	t.Parallel()
+	c, gw := newCluster(t, "")
+	id := c.NewIntern(t, "replay")
+	secret := randomCanary("replay-daemon-secret")
+	d, err := internd.New(internd.Config{InternID: id, Secret: secret, DataDir: t.TempDir(), AgentCommand: []string{"/nonexistent/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	var mu sync.Mutex
+	captured := map[string]bool{}
+	h := d.Handler()
+	srv := testutil.ServeH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		captured[r.Header.Get("Authorization")] = true
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	if err := writeFile(secretFile, secret); err != nil {
+		t.Fatal(err)
+	}
+	if in := c.Admin(t, "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile); in["state"] != "running" {
+		t.Fatalf("register: %v", in)
+	}
+	value := randomCanary("replay-vault-value")
+	req, _ := http.NewRequest("PUT", gw.URL+"/api/v1/vault/interns/"+id+"/secrets/replay_token",
+		strings.NewReader(`{"hosts":["api.example.com"],"value":"`+value+`"}`))
+	req.Header.Set("Authorization", "Bearer "+c.WK)
+	req.Header.Set("Content-Type", "application/json")
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 201 {
+		t.Fatalf("vault put: %v %v", err, res)
+	} else {
+		res.Body.Close()
+	}
+	// A turn: the gateway itself dials the daemon (its agent does not
+	// start; the call's header is what counts).
+	res := chat(t, gw, c.WK, id, user("hello"))
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+
+	release := func(header string) (int, string) {
+		req, _ := http.NewRequest("POST", gw.URL+"/api/v1/cohort.v1.InternGatewayService/ReleaseSecret",
+			strings.NewReader(`{"internId":"`+id+`","name":"replay_token","host":"api.example.com","runId":"run-1"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", header)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	mu.Lock()
+	headers := slices.Collect(maps.Keys(captured))
+	mu.Unlock()
+	if len(headers) == 0 || (len(headers) == 1 && headers[0] == "") {
+		t.Fatal("the daemon saw no credential from the gateway")
+	}
+	for _, hdr := range headers {
+		if status, body := release(hdr); status != http.StatusUnauthorized || strings.Contains(body, value) {
+			t.Errorf("the gateway's credential, replayed to ReleaseSecret: %d %s", status, body)
+		}
+	}
+	if status, body := release("Bearer " + internd.DaemonCredential(secret)); status != 200 || !strings.Contains(body, value) {
+		t.Errorf("the daemon's own credential: %d %s", status, body)
+	}
+	if strings.Contains(gw.stderr.String(), secret) || strings.Contains(gw.stderr.String(), value) {
+		t.Error("the daemon secret or the vault value reached the gateway's log")
 	}
 }
