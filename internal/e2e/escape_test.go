@@ -368,7 +368,7 @@ func TestEscape(t *testing.T) {
 				for _, mode := range modes {
 					// Every process of the jail, a command of this mode's
 					// among them, holds only its documented descriptors.
-					tg.checkFDsDuring(t, mode, "sleep 3", "sleep", builtin, stray)
+					checkFDsDuring(t, tg.gw.cmd.Process.Pid, mode, "sleep", stray, false, func() { tg.run(t, mode, "sleep 3", builtin) })
 					for _, a := range tg.attempts {
 						out := tg.run(t, mode, a.command, builtin)
 						outputs = append(outputs, out)
@@ -408,6 +408,7 @@ func TestRemoteDaemonJail(t *testing.T) {
 	c, gw := newCluster(t, "")
 	other := c.NewIntern(t, "other")
 	gwAPI := gw.URL + "/api/v1"
+	stray := strayDescriptor(t)
 	a := c.Daemon(t, c.Demo, nil, "--jail", "--gateway-url", gwAPI)
 	b := c.Daemon(t, other, nil, "--jail", "--gateway-url", gwAPI)
 	canaries := map[string]string{"own-secret": "daemon-secret-" + a.id, "other-secret": "daemon-secret-" + b.id,
@@ -435,6 +436,10 @@ func TestRemoteDaemonJail(t *testing.T) {
 		}
 		at.check(t, "intern --jail", out, canaries)
 	}
+	// What the operator's process inherited reaches nothing in the jail.
+	checkFDsDuring(t, a.cmd.Process.Pid, "intern --jail", "sleep", stray, false, func() {
+		readAll(t, chat(t, gw, c.WK, a.id, user("$ sleep 3")))
+	})
 	// Manual mode still pauses and the allowed command runs, sandboxed.
 	p := readAll(t, chat(t, gw, c.WK, a.id, user("$ echo jailed-remote", `"approval_mode":"manual"`)))
 	r := readAll(t, chat(t, gw, c.WK, a.id, p.answer("allow_once")))
@@ -556,8 +561,8 @@ func procTree() (parent map[int]int, comm map[int]string) {
 }
 
 // jailed returns the processes under root whose network namespace is not
-// root's: everything in its jails.
-func jailed(root int) (pids []int, parent map[int]int, comm map[int]string) {
+// root's: everything in its jails (with all, every process under root).
+func jailed(root int, all bool) (pids []int, parent map[int]int, comm map[int]string) {
 	parent, comm = procTree()
 	children := map[int][]int{}
 	for pid, pp := range parent {
@@ -570,7 +575,7 @@ func jailed(root int) (pids []int, parent map[int]int, comm map[int]string) {
 		queue = queue[1:]
 		for _, c := range children[p] {
 			queue = append(queue, c)
-			if n := nsIno(c, "net"); n != 0 && n != hostNet {
+			if n := nsIno(c, "net"); all || (n != 0 && n != hostNet) {
 				pids = append(pids, c)
 			}
 		}
@@ -617,9 +622,10 @@ func socketNetNS(pid, fd int) (uint64, error) {
 //     and in the intern's daemon (its listener and the gateway's
 //     connections, on the host's loopback: by design, the gateway's way in).
 //
-// It returns the violations and what it looked at.
-func fdViolations(root int, stray uint64) (violations, seen []string) {
-	pids, parent, comm := jailed(root)
+// With all, it checks every process under root (an unjailed daemon's
+// agent and commands). It returns the violations and what it looked at.
+func fdViolations(root int, stray uint64, all bool) (violations, seen []string) {
+	pids, parent, comm := jailed(root, all)
 	hostNet := nsIno(root, "net")
 	for _, pid := range pids {
 		pp := parent[pid]
@@ -665,19 +671,20 @@ func fdViolations(root int, stray uint64) (violations, seen []string) {
 	return violations, seen
 }
 
-// checkFDsDuring runs command (a sleep) as an attempt in mode and checks
-// the descriptor invariant while it runs: every process of the jail, the
-// command's own included.
-func (tg *target) checkFDsDuring(t *testing.T, mode, command, comm string, builtin bool, stray uint64) {
+// checkFDsDuring runs run (a turn whose command, named comm, sleeps) and
+// checks the descriptor invariant under root while the command runs:
+// every process of the jail (or with all, under root), the command's own
+// included.
+func checkFDsDuring(t *testing.T, root int, label, comm string, stray uint64, all bool, run func()) {
 	t.Helper()
 	type result struct{ violations, seen []string }
 	done, got := make(chan struct{}), make(chan result, 1)
 	go func() {
 		for {
-			pids, _, names := jailed(tg.gw.cmd.Process.Pid)
+			pids, _, names := jailed(root, all)
 			for _, p := range pids {
 				if names[p] == comm {
-					v, s := fdViolations(tg.gw.cmd.Process.Pid, stray)
+					v, s := fdViolations(root, stray, all)
 					got <- result{v, s}
 					return
 				}
@@ -690,16 +697,16 @@ func (tg *target) checkFDsDuring(t *testing.T, mode, command, comm string, built
 			}
 		}
 	}()
-	tg.run(t, mode, command, builtin)
+	run()
 	close(done)
 	r := <-got
 	if len(r.seen) == 0 {
-		t.Errorf("%s: the command %q was never seen running in a jail", mode, comm)
+		t.Errorf("%s: the command %q was never seen running", label, comm)
 		return
 	}
-	t.Logf("%s: descriptors checked in %s", mode, strings.Join(r.seen, "; "))
+	t.Logf("%s: descriptors checked in %s", label, strings.Join(r.seen, "; "))
 	for _, v := range r.violations {
-		t.Errorf("%s: %s", mode, v)
+		t.Errorf("%s: %s", label, v)
 	}
 }
 
@@ -783,4 +790,20 @@ func TestEscapeReplayGatewayCredential(t *testing.T) {
 	if strings.Contains(gw.stderr.String(), secret) || strings.Contains(gw.stderr.String(), value) {
 		t.Error("the daemon secret or the vault value reached the gateway's log")
 	}
+}
+
+// An unjailed daemon an operator runs (`cohort intern`, registered): its
+// agent and the agent's commands get 0-2 only, whatever the operator's
+// process inherited.
+func TestEscapeRemoteDaemonDescriptors(t *testing.T) {
+	t.Parallel()
+	c, gw := newCluster(t, "")
+	stray := strayDescriptor(t)
+	d := c.Daemon(t, c.Demo, nil, "--gateway-url", gw.URL+"/api/v1")
+	checkFDsDuring(t, d.cmd.Process.Pid, "intern", "sleep", stray, true, func() {
+		s := readAll(t, chat(t, gw, c.WK, d.id, user("$ sleep 3; echo slept-$((40+2))")))
+		if !strings.Contains(s.Text, "slept-42") {
+			t.Errorf("the command did not run: %q", s.Text)
+		}
+	})
 }
