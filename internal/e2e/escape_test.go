@@ -677,11 +677,22 @@ func fdViolations(root int, stray uint64, all bool) (violations, seen []string) 
 // included.
 func checkFDsDuring(t *testing.T, root int, label, comm string, stray uint64, all bool, run func()) {
 	t.Helper()
+	checkFDsDuringOf(t, func() int { return root }, label, comm, stray, all, run)
+}
+
+// checkFDsDuringOf is checkFDsDuring with a root found while run runs
+// (0: not yet).
+func checkFDsDuringOf(t *testing.T, rootOf func() int, label, comm string, stray uint64, all bool, run func()) {
+	t.Helper()
 	type result struct{ violations, seen []string }
 	done, got := make(chan struct{}), make(chan result, 1)
 	go func() {
 		for {
+			root := rootOf()
 			pids, _, names := jailed(root, all)
+			if root == 0 {
+				pids = nil
+			}
 			for _, p := range pids {
 				if names[p] == comm {
 					v, s := fdViolations(root, stray, all)
