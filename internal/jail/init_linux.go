@@ -55,7 +55,7 @@ func runInit() {
 	s := &w.Spec
 	// The init holds exactly what its caller meant to pass, whatever the
 	// caller itself had inherited; the program gets 0–2 and its own files.
-	keep := map[int]bool{fdRelays: true, fdControl: true}
+	keep := map[int]bool{fdRelays: len(s.Relays) > 0 || s.Control != "", fdControl: s.Control != ""}
 	for i := range w.Descriptors {
 		keep[fdFirst+i] = true
 	}
