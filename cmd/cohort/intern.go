@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/telemetry"
@@ -72,6 +73,12 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// Nothing else of this user (the agent, its commands) may read the
 	// daemon's memory or /proc entries: the secret lives there.
 	nonDumpable()
+	// Nothing this process inherited reaches the agent or its commands:
+	// the listener and the secret pipe are closed after use below, and
+	// whatever else came (a supervisor's descriptor) is close-on-exec.
+	if err := jail.SealInherited(); err != nil {
+		return fmt.Errorf("seal inherited descriptors: %w", err)
+	}
 	var secret string
 	if *secretFD >= 0 {
 		secret, err = readSecretFD(*secretFD)

@@ -256,6 +256,7 @@ func TestThirdPartyAgents(t *testing.T) {
 		// One agent at a time: four agents, their gateways and jails at once
 		// overload a 2-core machine into timeouts that test nothing.
 		t.Run(p.Name, func(t *testing.T) {
+			stray := strayDescriptor(t)
 			a := newAgentGateway(t, p)
 
 			// A text turn: the spec's chunks, a session, the scripted text.
@@ -324,6 +325,18 @@ func TestThirdPartyAgents(t *testing.T) {
 			if s.Finish != "stop" || !strings.Contains(s.Text, "self-42") {
 				t.Fatalf("self-drive: finish %q text %q error %v", s.Finish, s.Text, s.Error)
 			}
+
+			// Descriptors: every process of the jail, while the agent's
+			// own shell tool runs a command, in self-drive and in manual
+			// after allow_once, holds 0-2 and what it opened itself.
+			checkFDsDuring(t, a.gw.cmd.Process.Pid, p.Name+" self-drive", "sleep", stray, false, func() {
+				a.turn(t, "cohort-run: sleep 3", `"approval_mode":"self-drive"`, `"session_id":`+jsonStr(session))
+			})
+			checkFDsDuring(t, a.gw.cmd.Process.Pid, p.Name+" manual, allow_once", "sleep", stray, false, func() {
+				if s := a.turn(t, "cohort-run: sleep 3", `"approval_mode":"manual"`, `"session_id":`+jsonStr(session)); s.Finish == "tool_calls" {
+					readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("allow_once")))
+				}
+			})
 
 			// A later turn of the session carries its history to the model.
 			s = a.turn(t, "cohort-say: second turn", `"session_id":`+jsonStr(session))

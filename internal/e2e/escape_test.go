@@ -7,16 +7,25 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -81,6 +90,8 @@ type attempt struct {
 	success []string
 	// host files that must not exist afterwards
 	untouched []string
+	// strings that must appear: the probe ran and saw something
+	want []string
 }
 
 func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
@@ -184,6 +195,15 @@ for p in ["` + d + `/jails/` + c.Demo + `.sock", "` + d + `/jails/` + tg.other +
     except Exception as e:
         pass
 print("tried", p)' 2>&1`, success: []string{"took-over"}},
+		// Descriptors: the shell and its parent chain, as far as /proc
+		// lets it read them, hold 0-2 and their own close-on-exec
+		// descriptors only; every socket it inherited is tried for accept
+		// (the daemon's listener, once, was one); no socket bound to a
+		// path of the host shows in /proc/net/unix.
+		{name: "use an inherited descriptor", command: `python3 -c '` + fdProbe + `' 2>&1`,
+			success: []string{"fd-leak", "accepted-on-inherited", "listening-inherited"}, want: []string{"inspected-ok"}},
+		{name: "find host paths in /proc/net/unix", command: `awk 'NR>1 && NF>=8 {print "unix-" "path", $8}' /proc/net/unix; grep -c "" /proc/net/unix`,
+			success: []string{"unix-path"}},
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},
 	}
 	return tg
@@ -200,6 +220,11 @@ func (a attempt) check(t *testing.T, mode, out string, canaries map[string]strin
 	for _, s := range a.success {
 		if strings.Contains(out, s) {
 			t.Errorf("%s / %s: it worked (%q):\n%s", mode, a.name, s, tail(out, 2000))
+		}
+	}
+	for _, w := range a.want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s / %s: the probe did not run (%q missing):\n%s", mode, a.name, w, tail(out, 2000))
 		}
 	}
 	for _, f := range a.untouched {
@@ -337,9 +362,13 @@ func TestEscape(t *testing.T) {
 					args = []string{"--agent-command", bin, "--jail-ro-bind", filepath.Dir(bin)}
 					modes = []string{"self-drive", "manual"}
 				}
+				stray := strayDescriptor(t)
 				tg := newTarget(t, dbURL, args...)
 				var outputs []string
 				for _, mode := range modes {
+					// Every process of the jail, a command of this mode's
+					// among them, holds only its documented descriptors.
+					checkFDsDuring(t, tg.gw.cmd.Process.Pid, mode, "sleep", stray, false, func() { tg.run(t, mode, "sleep 3", builtin) })
 					for _, a := range tg.attempts {
 						out := tg.run(t, mode, a.command, builtin)
 						outputs = append(outputs, out)
@@ -379,6 +408,7 @@ func TestRemoteDaemonJail(t *testing.T) {
 	c, gw := newCluster(t, "")
 	other := c.NewIntern(t, "other")
 	gwAPI := gw.URL + "/api/v1"
+	stray := strayDescriptor(t)
 	a := c.Daemon(t, c.Demo, nil, "--jail", "--gateway-url", gwAPI)
 	b := c.Daemon(t, other, nil, "--jail", "--gateway-url", gwAPI)
 	canaries := map[string]string{"own-secret": "daemon-secret-" + a.id, "other-secret": "daemon-secret-" + b.id,
@@ -406,6 +436,10 @@ func TestRemoteDaemonJail(t *testing.T) {
 		}
 		at.check(t, "intern --jail", out, canaries)
 	}
+	// What the operator's process inherited reaches nothing in the jail.
+	checkFDsDuring(t, a.cmd.Process.Pid, "intern --jail", "sleep", stray, false, func() {
+		readAll(t, chat(t, gw, c.WK, a.id, user("$ sleep 3")))
+	})
 	// Manual mode still pauses and the allowed command runs, sandboxed.
 	p := readAll(t, chat(t, gw, c.WK, a.id, user("$ echo jailed-remote", `"approval_mode":"manual"`)))
 	r := readAll(t, chat(t, gw, c.WK, a.id, p.answer("allow_once")))
@@ -417,4 +451,350 @@ func TestRemoteDaemonJail(t *testing.T) {
 			t.Errorf("a daemon secret reached the daemon's log")
 		}
 	}
+}
+
+// fdProbe runs in a jail's shell (Python, single-quote free): it prints
+// fd-leak for a descriptor above 2 without close-on-exec in itself or any
+// process up its parent chain it may read (those it did not open itself:
+// what it inherited), tries to accept on every socket it inherited, and
+// prints inspected-ok once it has read its own and its parent's. Markers
+// are built from halves so that the command's text never holds them.
+const fdProbe = `import os, socket, select
+leak = "fd" + "-leak"
+read = 0
+p = os.getpid()
+while p > 0:
+    try:
+        fds = os.listdir("/proc/%d/fd" % p)
+        read += 1
+    except Exception as e:
+        print("unreadable", p, type(e).__name__)
+        fds = []
+    for fd in fds:
+        try:
+            info = open("/proc/%d/fdinfo/%s" % (p, fd)).read()
+            flags = int([l for l in info.splitlines() if l.startswith("flags:")][0].split()[1], 8)
+            target = os.readlink("/proc/%d/fd/%s" % (p, fd))
+        except Exception:
+            continue
+        if int(fd) > 2 and not flags & 0o2000000:
+            print(leak, "pid", p, "fd", fd, target)
+    try:
+        p = int(open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()[1])
+    except Exception:
+        break
+for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+    try:
+        if fd < 3 or not os.get_inheritable(fd):
+            continue
+        s = socket.socket(fileno=os.dup(fd))
+    except Exception:
+        continue
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        print("listening" + "-inherited", fd, s.getsockname())
+        s.setblocking(False)
+        if select.select([s], [], [], 2)[0]:
+            c, a = s.accept()
+            print("accepted-on" + "-inherited", fd, a, c.recv(200))
+if read >= 2:
+    print("inspected" + "-ok", read)
+`
+
+// strayDescriptor gives this test process a pipe without close-on-exec,
+// as a gateway inherits one from whatever started it: every process this
+// one starts from now on (the gateways) holds it. It returns the pipe's
+// inode: no process in a jail may hold it.
+func strayDescriptor(t *testing.T) uint64 {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(w.Fd())) // dup(2) leaves close-on-exec off
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Fstat(fd, &st)
+	t.Cleanup(func() {
+		syscall.Close(fd)
+		r.Close()
+	})
+	return st.Ino
+}
+
+// nsIno is the inode of a namespace of pid (0 if it cannot be read).
+func nsIno(pid int, ns string) uint64 {
+	st, err := os.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+	if err != nil {
+		return 0
+	}
+	return st.Sys().(*syscall.Stat_t).Ino
+}
+
+// procTree reads every process's parent and name.
+func procTree() (parent map[int]int, comm map[int]string) {
+	parent, comm = map[int]int{}, map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || close < open {
+			continue
+		}
+		f := strings.Fields(string(b[close+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		parent[pid] = atoi(f[1])
+		comm[pid] = string(b[open+1 : close])
+	}
+	return parent, comm
+}
+
+// jailed returns the processes under root whose network namespace is not
+// root's: everything in its jails (with all, every process under root).
+func jailed(root int, all bool) (pids []int, parent map[int]int, comm map[int]string) {
+	parent, comm = procTree()
+	children := map[int][]int{}
+	for pid, pp := range parent {
+		children[pp] = append(children[pp], pid)
+	}
+	hostNet := nsIno(root, "net")
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			queue = append(queue, c)
+			if n := nsIno(c, "net"); all || (n != 0 && n != hostNet) {
+				pids = append(pids, c)
+			}
+		}
+	}
+	sort.Ints(pids)
+	return pids, parent, comm
+}
+
+// fdViolations checks the descriptor invariant in every process of the
+// jails under root (a gateway, or `cohort intern --jail`), seen from the
+// host, where nothing hides a process's descriptors:
+//   - no process of Cohort's (init, daemon, built-in agent), shell or the
+//     command itself (named command) holds a descriptor above 2 without
+//     close-on-exec: what such a process has that it did not open itself
+//     came across exec, and only 0-2 may (the daemon's listener and secret
+//     pipe, 3 and 4, are closed at once). A third-party agent's runtime
+//     opens files of its own without the flag (a log, /dev/urandom, a pty):
+//     for it only the next two rules hold, and what it inherited would
+//     show in the command it starts;
+//   - no process holds the pipe stray (the gateway's inherited descriptor);
+//   - no socket is in another network namespace than its process, except
+//     in a jail's init (its caller's socket pair, the control listener)
+//     and in the intern's daemon (its listener and the gateway's
+//     connections, on the host's loopback: by design, the gateway's way in).
+//
+// With all, it checks every process under root (an unjailed daemon's
+// agent and commands). It returns the violations and what it looked at.
+func fdViolations(root int, stray uint64, all bool, command string) (violations, seen []string) {
+	pids, parent, comm := jailed(root, all)
+	hostNet := nsIno(root, "net")
+	for _, pid := range pids {
+		pp := parent[pid]
+		init := nsIno(pid, "pid") != nsIno(pp, "pid")
+		daemon := !init && nsIno(pp, "pid") != nsIno(parent[pp], "pid") && nsIno(parent[pp], "net") == hostNet
+		role := map[bool]string{true: "init"}[init] + map[bool]string{true: "daemon"}[daemon]
+		strict := init || daemon || comm[pid] == command || slices.Contains([]string{"cohort", "sh", "bash", "dash"}, comm[pid])
+		who := fmt.Sprintf("pid %d (%s%s)", pid, comm[pid], map[bool]string{true: ", " + role}[role != ""])
+		seen = append(seen, who)
+		netns := nsIno(pid, "net")
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue // gone
+		}
+		for _, e := range fds {
+			fd := atoi(e.Name())
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
+			if err != nil {
+				continue
+			}
+			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+			if err != nil {
+				continue
+			}
+			var flags uint64
+			for _, l := range strings.Split(string(info), "\n") {
+				if v, ok := strings.CutPrefix(l, "flags:"); ok {
+					flags, _ = strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+				}
+			}
+			if strict && fd > 2 && flags&unix.O_CLOEXEC == 0 {
+				violations = append(violations, fmt.Sprintf("%s holds fd %d → %s without close-on-exec (inherited)", who, fd, target))
+			}
+			if target == fmt.Sprintf("pipe:[%d]", stray) {
+				violations = append(violations, fmt.Sprintf("%s holds fd %d, the gateway's inherited pipe", who, fd))
+			}
+			if strings.HasPrefix(target, "socket:") && !init && !daemon {
+				if ns, err := socketNetNS(pid, fd); err == nil && ns != netns {
+					violations = append(violations, fmt.Sprintf("%s holds fd %d → %s, a socket of another network namespace", who, fd, target))
+				}
+			}
+		}
+	}
+	return violations, seen
+}
+
+// checkFDsDuring runs run (a turn whose command, named comm, sleeps) and
+// checks the descriptor invariant under root while the command runs:
+// every process of the jail (or with all, under root), the command's own
+// included.
+func checkFDsDuring(t *testing.T, root int, label, comm string, stray uint64, all bool, run func()) {
+	t.Helper()
+	checkFDsDuringOf(t, func() int { return root }, label, comm, stray, all, run)
+}
+
+// checkFDsDuringOf is checkFDsDuring with a root found while run runs
+// (0: not yet).
+func checkFDsDuringOf(t *testing.T, rootOf func() int, label, comm string, stray uint64, all bool, run func()) {
+	t.Helper()
+	type result struct{ violations, seen []string }
+	done, got := make(chan struct{}), make(chan result, 1)
+	go func() {
+		for {
+			root := rootOf()
+			pids, _, names := jailed(root, all)
+			if root == 0 {
+				pids = nil
+			}
+			for _, p := range pids {
+				if names[p] == comm {
+					v, s := fdViolations(root, stray, all, comm)
+					got <- result{v, s}
+					return
+				}
+			}
+			select {
+			case <-done:
+				got <- result{}
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	run()
+	close(done)
+	r := <-got
+	if len(r.seen) == 0 {
+		t.Errorf("%s: the command %q was never seen running", label, comm)
+		return
+	}
+	t.Logf("%s: descriptors checked in %s", label, strings.Join(r.seen, "; "))
+	for _, v := range r.violations {
+		t.Errorf("%s: %s", label, v)
+	}
+}
+
+// The attack of issue 26: a program in a jail captured what the gateway
+// presents to an intern's daemon (it accepted on the daemon's listener,
+// which it had inherited, and read the Authorization header) and replayed
+// it to the gateway's ReleaseSecret as the daemon. Here the daemon is this
+// test's own, registered as a remote daemon, and it records every header
+// the gateway (and the admin CLI) present: each one replayed is refused,
+// while the daemon's own credential is answered (the refusal is not the
+// endpoint's absence). Local jails and Pods are dialled by the same code.
+func TestEscapeReplayGatewayCredential(t *testing.T) {
+	t.Parallel()
+	c, gw := newCluster(t, "")
+	id := c.NewIntern(t, "replay")
+	secret := randomCanary("replay-daemon-secret")
+	d, err := internd.New(internd.Config{InternID: id, Secret: secret, DataDir: t.TempDir(), AgentCommand: []string{"/nonexistent/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	var mu sync.Mutex
+	captured := map[string]bool{}
+	h := d.Handler()
+	srv := testutil.ServeH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		captured[r.Header.Get("Authorization")] = true
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	if err := writeFile(secretFile, secret); err != nil {
+		t.Fatal(err)
+	}
+	if in := c.Admin(t, "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile); in["state"] != "running" {
+		t.Fatalf("register: %v", in)
+	}
+	value := randomCanary("replay-vault-value")
+	req, _ := http.NewRequest("PUT", gw.URL+"/api/v1/vault/interns/"+id+"/secrets/replay_token",
+		strings.NewReader(`{"hosts":["api.example.com"],"value":"`+value+`"}`))
+	req.Header.Set("Authorization", "Bearer "+c.WK)
+	req.Header.Set("Content-Type", "application/json")
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 201 {
+		t.Fatalf("vault put: %v %v", err, res)
+	} else {
+		res.Body.Close()
+	}
+	// A turn: the gateway itself dials the daemon (its agent does not
+	// start; the call's header is what counts).
+	res := chat(t, gw, c.WK, id, user("hello"))
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+
+	release := func(header string) (int, string) {
+		req, _ := http.NewRequest("POST", gw.URL+"/api/v1/cohort.v1.InternGatewayService/ReleaseSecret",
+			strings.NewReader(`{"internId":"`+id+`","name":"replay_token","host":"api.example.com","runId":"run-1"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", header)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	mu.Lock()
+	headers := slices.Collect(maps.Keys(captured))
+	mu.Unlock()
+	if len(headers) == 0 || (len(headers) == 1 && headers[0] == "") {
+		t.Fatal("the daemon saw no credential from the gateway")
+	}
+	for _, hdr := range headers {
+		if status, body := release(hdr); status != http.StatusUnauthorized || strings.Contains(body, value) {
+			t.Errorf("the gateway's credential, replayed to ReleaseSecret: %d %s", status, body)
+		}
+	}
+	if status, body := release("Bearer " + internd.DaemonCredential(secret)); status != 200 || !strings.Contains(body, value) {
+		t.Errorf("the daemon's own credential: %d %s", status, body)
+	}
+	if strings.Contains(gw.stderr.String(), secret) || strings.Contains(gw.stderr.String(), value) {
+		t.Error("the daemon secret or the vault value reached the gateway's log")
+	}
+}
+
+// An unjailed daemon an operator runs (`cohort intern`, registered): its
+// agent and the agent's commands get 0-2 only, whatever the operator's
+// process inherited.
+func TestEscapeRemoteDaemonDescriptors(t *testing.T) {
+	t.Parallel()
+	c, gw := newCluster(t, "")
+	stray := strayDescriptor(t)
+	d := c.Daemon(t, c.Demo, nil, "--gateway-url", gw.URL+"/api/v1")
+	checkFDsDuring(t, d.cmd.Process.Pid, "intern", "sleep", stray, true, func() {
+		s := readAll(t, chat(t, gw, c.WK, d.id, user("$ sleep 3; echo slept-$((40+2))")))
+		if !strings.Contains(s.Text, "slept-42") {
+			t.Errorf("the command did not run: %q", s.Text)
+		}
+	})
 }

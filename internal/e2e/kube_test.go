@@ -133,6 +133,7 @@ func turnOK(t testing.TB, gw *proc, key, id, prompt string) *stream {
 // replicas at once, one Pod; the API server away, a refusal in the spec's
 // shape and recovery when it returns; deleted, nothing left.
 func TestKubernetesInterns(t *testing.T) {
+	stray := strayDescriptor(t)
 	f := newKubeFleet(t, "--intern-idle-timeout", "3s")
 	id, c := f.c.Demo, f.c
 
@@ -144,6 +145,22 @@ func TestKubernetesInterns(t *testing.T) {
 	if n := f.podsStarted(id); n != 1 {
 		t.Fatalf("pods started for one awake intern through two replicas: %d", n)
 	}
+
+	// The Pod's daemon seals what its container inherited (the node's
+	// own descriptors here; a runtime's elsewhere): its agent and the
+	// agent's commands hold 0-2 only.
+	t.Run("descriptors", func(t *testing.T) {
+		daemonPid := func() int {
+			p, err := f.kc.Client.CoreV1().Pods(kubeNS).Get(context.Background(), "intern-"+id, metav1.GetOptions{})
+			if err != nil || len(p.Status.ContainerStatuses) == 0 {
+				return 0
+			}
+			return atoi(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "kubetest://"))
+		}
+		checkFDsDuringOf(t, daemonPid, "pod", "sleep", stray, true, func() {
+			turnOK(t, f.a, c.WK, id, "$ sleep 3")
+		})
+	})
 
 	t.Run("pod spec", func(t *testing.T) {
 		pod, ok := f.pod(t, id)

@@ -89,7 +89,7 @@ func BenchmarkPausedRunMemory(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	e.c = newClient(e.srv.URL, secret) // drop the client's idle connections from the count
+	e.c = newClient(e.srv.URL, internd.GatewayCredential(secret)) // drop the client's idle connections from the count
 	e.srv.CloseClientConnections()
 	after := memInUse()
 	if st := e.status(b); int(st.GetPausedRuns()) != b.N {

@@ -32,7 +32,10 @@ const (
 func TestUnauthenticatedCallsRefused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	for _, tok := range []string{"", "wrong", secret + "x", strings.ToUpper(secret)} {
+	// The secret itself, and the daemon's own credential for the gateway,
+	// open nothing here: only the gateway's credential does.
+	for _, tok := range []string{"", "wrong", secret + "x", strings.ToUpper(secret), secret, internd.DaemonCredential(secret),
+		internd.GatewayCredential(secret) + "x"} {
 		c := newClient(e.srv.URL, tok)
 		_, err := c.Status(context.Background(), connect.NewRequest(&pb.StatusRequest{}))
 		if connect.CodeOf(err) != connect.CodeUnauthenticated {
@@ -455,7 +458,7 @@ func TestPausedRunSurvivesConsumer(t *testing.T) {
 			if stall {
 				tr := testutil.H2CTransport()
 				tr.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: 1}
-				c = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: testutil.Bearer(secret, tr)}, e.srv.URL)
+				c = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: testutil.Bearer(internd.GatewayCredential(secret), tr)}, e.srv.URL)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -61,10 +61,11 @@ func startEnv(t testing.TB, cfg internd.Config) *env {
 	}
 	t.Cleanup(func() { d.Close() }) // after the server has closed
 	srv := testutil.ServeH2C(t, d.Handler())
-	return &env{d: d, srv: srv, c: newClient(srv.URL, secret), cfg: cfg}
+	return &env{d: d, srv: srv, c: newClient(srv.URL, internd.GatewayCredential(secret)), cfg: cfg}
 }
 
-// newClient speaks h2c (prior knowledge) and sends the bearer secret.
+// newClient speaks h2c (prior knowledge) and sends tok as its bearer
+// token (the gateway's credential, for a client that should get in).
 func newClient(url, tok string) interndv1connect.InternDaemonServiceClient {
 	return interndv1connect.NewInternDaemonServiceClient(testutil.H2CClient(tok), url)
 }

@@ -61,7 +61,7 @@ func (d *Daemon) startTools() error {
 		byToken: map[[32]byte]*toolBinding{}}
 	if d.cfg.GatewayURL != "" {
 		t.gw = cohortv1connect.NewInternGatewayServiceClient(http.DefaultClient, strings.TrimSuffix(d.cfg.GatewayURL, "/"),
-			connect.WithInterceptors(bearer("Bearer "+d.cfg.Secret)))
+			connect.WithInterceptors(bearer("Bearer "+DaemonCredential(d.cfg.Secret))))
 	}
 	h := mcp.NewStreamableHTTPHandler(t.server, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	t.srv = &http.Server{Handler: t.auth(h), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
@@ -243,7 +243,7 @@ func (t *tools) release(ctx context.Context, runID, name, host string) (string, 
 	return res.Msg.GetValue(), nil
 }
 
-// bearer adds the daemon secret to calls to the gateway.
+// bearer adds the daemon's credential to calls to the gateway.
 type bearer string
 
 func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {

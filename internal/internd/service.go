@@ -21,7 +21,7 @@ import (
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
 	opts := connect.WithHandlerOptions(
-		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(d.cfg.Secret))}),
+		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(GatewayCredential(d.cfg.Secret)))}),
 		// Run events are small: gzip per event costs more than it saves
 		// (most of the CPU of a stream, measured). The bound is above the
 		// largest merged text delta (maxMerged, and the built-in agent's
@@ -47,9 +47,10 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 }
 
-// secretInterceptor admits calls that carry the intern's secret as a bearer
-// token. Both sides are hashed first, so the comparison is constant-time
-// whatever the lengths.
+// secretInterceptor admits calls that carry the gateway's credential (see
+// GatewayCredential; never the secret itself) as a bearer token. Both sides
+// are hashed first, so the comparison is constant-time whatever the
+// lengths.
 type secretInterceptor struct{ sum [32]byte }
 
 func (s secretInterceptor) check(h http.Header) error {

@@ -28,6 +28,19 @@ func controlProgram() {
 	}()
 	_, err := net.Dial("unixpacket", os.Getenv("JAILTEST_CONTROL"))
 	fmt.Printf("dial control: %v\n", err != nil)
+	// Sockets show in /proc/net/unix of the network namespace they were
+	// made in: no socket of the host's, named by a path, shows here.
+	named := []string{}
+	if b, err := os.ReadFile("/proc/net/unix"); err != nil {
+		named = append(named, err.Error())
+	} else {
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			if f := strings.Fields(l); len(f) >= 8 {
+				named = append(named, f[7])
+			}
+		}
+	}
+	fmt.Printf("named sockets in /proc/net/unix: %v\n", named)
 	// The init's descriptors (the control listener among them): listing
 	// them may work in a user-namespace jail, following them must not.
 	reached := []string{}
@@ -132,7 +145,7 @@ func TestControlJailOutlivesItsCaller(t *testing.T) {
 			testutil.Eventually(t, 20*time.Second, "the first caller's answers", func() bool {
 				return strings.Contains(first.String(), "relay: first:tick")
 			})
-			for _, line := range []string{"dial control: true", "reached the init's descriptors: []", "SIGPIPE ignored: false"} {
+			for _, line := range []string{"dial control: true", "named sockets in /proc/net/unix: []", "reached the init's descriptors: []", "SIGPIPE ignored: false"} {
 				if !strings.Contains(first.String(), line) {
 					t.Errorf("the program's report lacks %q:\n%s", line, first)
 				}

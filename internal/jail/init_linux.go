@@ -28,9 +28,10 @@ func init() {
 
 // Descriptors the caller hands the init.
 const (
-	fdSpec   = 3
-	fdRelays = 4
-	fdFirst  = 5 // the program's descriptors 3, 4, … start here
+	fdSpec    = 3
+	fdRelays  = 4
+	fdControl = 5 // the control socket's listener, bound by the caller
+	fdFirst   = 6 // the program's descriptors 3, 4, … start here
 )
 
 // fail reports a step that could not be done and ends the init.
@@ -52,24 +53,29 @@ func runInit() {
 	}
 	f.Close()
 	s := &w.Spec
+	// The init holds exactly what its caller meant to pass, whatever the
+	// caller itself had inherited; the program gets 0–2 and its own files.
+	keep := map[int]bool{fdRelays: len(s.Relays) > 0 || s.Control != "", fdControl: s.Control != ""}
+	for i := range w.Descriptors {
+		keep[fdFirst+i] = true
+	}
+	if err := closeInherited(keep); err != nil {
+		fail("close inherited descriptors", err, "")
+	}
 
-	// The control socket is bound while the host's paths are still in
-	// view: callers find it there, and nothing inside the jail can.
+	// The control socket was bound by the caller, in the host's network
+	// namespace: its path shows in no /proc/net/unix inside the jail.
 	var ctlLn *net.UnixListener
 	if s.Control != "" {
-		name, done, err := sockName(s.Control)
+		f := os.NewFile(fdControl, "control")
+		ln, err := net.FileListener(f)
+		f.Close()
 		if err != nil {
 			fail("control socket", err, "")
 		}
-		if ctlLn, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"}); err != nil {
-			fail("control socket", err, "")
-		}
-		done()
+		ctlLn = ln.(*net.UnixListener)
 		// Removing it is the next caller's business (it knows the host path).
 		ctlLn.SetUnlinkOnClose(false)
-		if err := os.Chmod(s.Control, 0o600); err != nil {
-			fail("control socket", err, "")
-		}
 	}
 	buildRoot(s)
 	if err := unix.Sethostname([]byte(orDefault(s.Hostname, "intern"))); err != nil {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cohort-dev/cohort/internal/jail"
 )
 
@@ -49,6 +51,7 @@ type report struct {
 	Fd3        string   `json:"fd3"`   // content of the passed descriptor
 	Passwd     string   `json:"passwd"`
 	Hidden     []string `json:"hidden"` // what a hidden directory lists
+	FDs        []string `json:"fds"`    // the program's descriptors
 }
 
 func errString(err error) string {
@@ -108,11 +111,34 @@ func inside() {
 	for _, e := range hidden {
 		r.Hidden = append(r.Hidden, e.Name())
 	}
+	r.FDs = ownFDs()
 	if f := os.NewFile(3, "fd3"); f != nil {
 		b, _ := io.ReadAll(f)
 		r.Fd3 = string(b)
 	}
 	json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// ownFDs lists the descriptors this process received across exec, as
+// "n target": those it opened itself (the Go runtime's poller, this
+// listing) are close-on-exec, and exec had closed every such one.
+func ownFDs() []string {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	var out []string
+	for _, n := range names {
+		fd, _ := strconv.Atoi(n)
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC != 0 {
+			continue
+		}
+		l, _ := os.Readlink("/proc/self/fd/" + n)
+		out = append(out, n+" "+l)
+	}
+	return out
 }
 
 // run starts the test binary in a jail and returns its report.
@@ -154,6 +180,13 @@ func run(t *testing.T, userNS bool) (report, string) {
 	pr, pw, _ := os.Pipe()
 	pw.Write([]byte("passed-descriptor"))
 	pw.Close()
+	// A descriptor the caller holds without close-on-exec, as a gateway
+	// inherits one from whatever started it: it must not reach the jail.
+	stray, err := syscall.Dup(int(out.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(stray)
 	spec := jail.Spec{
 		Argv: []string{"/run/jailtest", "-test.run=^$"},
 		Env: []string{"JAILTEST_PROGRAM=1", "JAILTEST_SECRET=" + secret, "JAILTEST_HOST_ADDR=" + ln.Addr().String(),
@@ -273,6 +306,11 @@ func TestJail(t *testing.T) {
 			if r.Fd3 != "passed-descriptor" {
 				t.Errorf("descriptor 3 held %q", r.Fd3)
 			}
+			// Exactly 0-2 and the file passed: nothing the init got to do
+			// its work, nothing the caller held by accident.
+			if len(r.FDs) != 4 || !strings.HasPrefix(r.FDs[3], "3 pipe:") {
+				t.Errorf("the program holds descriptors %q, want 0, 1, 2 and 3 (the pipe passed)", r.FDs)
+			}
 		})
 	}
 }
@@ -287,4 +325,15 @@ func TestProbeNamesTheFailure(t *testing.T) {
 		t.Fatalf("optional bind: %v", err)
 	}
 	_ = errors.New
+}
+
+// BenchmarkProbe builds a jail and exits: what the init does before the
+// program starts (closing inherited descriptors included).
+func BenchmarkProbe(b *testing.B) {
+	spec := jail.Spec{Binds: jail.SystemBinds(), UID: 2000000001, GID: 2000000001}
+	for b.Loop() {
+		if err := jail.Probe(spec); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

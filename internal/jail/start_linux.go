@@ -37,14 +37,16 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	if w.Privileged && (spec.UID <= 0 || spec.GID <= 0) {
 		return nil, errors.New("jail: a root caller must name the program's unprivileged uid and gid")
 	}
-	if spec.Control != "" {
-		if err := removeStale(spec.Control); err != nil {
-			return nil, err
-		}
-	}
 	payload, err := json.Marshal(w)
 	if err != nil {
 		return nil, err
+	}
+	var ctlFile *os.File
+	if spec.Control != "" {
+		if ctlFile, err = listenControl(spec.Control); err != nil {
+			return nil, err
+		}
+		defer ctlFile.Close()
 	}
 	specR, specW, err := os.Pipe()
 	if err != nil {
@@ -84,7 +86,7 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		Path:        "/proc/self/exe",
 		Args:        []string{InitArg0},
 		Env:         []string{},
-		ExtraFiles:  append([]*os.File{specR, initEnd}, o.Files...),
+		ExtraFiles:  append([]*os.File{specR, initEnd, ctlFile}, o.Files...),
 		SysProcAttr: sys,
 	}
 	if o.Stdout != nil {
@@ -137,6 +139,39 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		}()
 	}
 	return j, nil
+}
+
+// listenControl binds the control socket here, in the caller's network
+// namespace (a socket shows in /proc/net/unix of the namespace it was made
+// in: the jail's shows nothing of the host), and returns its descriptor
+// for the init.
+func listenControl(path string) (*os.File, error) {
+	if err := removeStale(path); err != nil {
+		return nil, err
+	}
+	name, done, err := sockName(path)
+	if err != nil {
+		return nil, fmt.Errorf("jail: control socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("jail: control socket: %w", err)
+	}
+	// The file outlives this listener: removing it is the next caller's
+	// business, once no init listens on it.
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("jail: control socket: %w", err)
+	}
+	f, err := ln.File()
+	if err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("jail: control socket: %w", err)
+	}
+	return f, nil
 }
 
 // removeStale removes a control socket no init listens on any more (a jail
@@ -197,21 +232,30 @@ func Attach(path string, output io.Writer) (*Jail, error) {
 		return nil, err
 	}
 	// The init's pid as this process sees it (it is 1 in its own PID
-	// namespace): the credentials of the socket's listener.
-	pid := 0
+	// namespace): the kernel attaches the sender's credentials to its
+	// greeting (the socket's listener was bound by the jail's first
+	// caller, so SO_PEERCRED would name that one).
 	if raw, err := c.SyscallConn(); err == nil {
-		raw.Control(func(fd uintptr) {
-			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-				pid = int(cred.Pid)
-			}
-		})
+		raw.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
 	_, err = c.Write([]byte{msgAttach})
-	n := 0
+	n, oobn, pid := 0, 0, 0
 	if err == nil {
-		n, err = c.Read(buf)
+		n, oobn, _, _, err = c.ReadMsgUnix(buf, oob)
+	}
+	// Later messages carry descriptors, and no credentials.
+	if raw, err := c.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 0) })
+	}
+	if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+		for _, m := range msgs {
+			if cred, perr := unix.ParseUnixCredentials(&m); perr == nil {
+				pid = int(cred.Pid)
+			}
+		}
 	}
 	if err != nil || n == 0 || buf[0] != msgHello {
 		c.Close()
@@ -237,7 +281,9 @@ func (j *Jail) read(stop <-chan struct{}) {
 		defer j.conn.Close()
 	}
 	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(4))
+	// Room for credentials too: messages sent right after the greeting
+	// may still carry them (see Attach).
+	oob := make([]byte, unix.CmsgSpace(4)+unix.CmsgSpace(unix.SizeofUcred))
 	for {
 		n, oobn, _, _, err := j.conn.ReadMsgUnix(buf, oob)
 		if err != nil || (n == 0 && oobn == 0) {

@@ -44,6 +44,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/h2coalesce"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
@@ -265,9 +266,11 @@ type dialKey struct{ id, url, wrapped string }
 const maxDialed = 4096
 
 // dial returns a client of the daemon at base; calls through it count as
-// the intern's activity (id, when set).
+// the intern's activity (id, when set). It presents the gateway's
+// credential, derived from the secret: replayed to the gateway by whatever
+// captured it, it opens nothing (internd.GatewayCredential).
 func (p *Provisioner) dial(id, base, secret string) interndv1connect.InternDaemonServiceClient {
-	ics := []connect.Interceptor{bearerInterceptor("Bearer " + secret)}
+	ics := []connect.Interceptor{bearerInterceptor("Bearer " + internd.GatewayCredential(secret))}
 	if id != "" && p.Mode != Remote {
 		ics = append(ics, activity{p, id})
 	}
@@ -481,10 +484,13 @@ func (p *Provisioner) Close() {
 	}
 }
 
-// VerifyDaemonSecret reports whether presented is the daemon secret stored
-// (wrapped by the KEK) on the intern's row. The intern's daemon presents it
-// to the gateway's InternGatewayService. Both sides are hashed first, so
-// the comparison is constant-time whatever the lengths.
+// VerifyDaemonSecret reports whether presented is the daemon's credential
+// for the gateway (internd.DaemonCredential), derived from the daemon
+// secret stored (wrapped by the KEK) on the intern's row. The intern's
+// daemon presents it to the gateway's InternGatewayService; the secret
+// itself, or what the gateway presents to the daemon, is refused. Both
+// sides are hashed first, so the comparison is constant-time whatever the
+// lengths.
 func VerifyDaemonSecret(kek *envelope.KEK, in *store.Intern, presented string) bool {
 	if in.DaemonSecret == "" || presented == "" {
 		return false
@@ -493,6 +499,6 @@ func VerifyDaemonSecret(kek *envelope.KEK, in *store.Intern, presented string) b
 	if err != nil {
 		return false
 	}
-	a, b := sha256.Sum256([]byte(stored)), sha256.Sum256([]byte(presented))
+	a, b := sha256.Sum256([]byte(internd.DaemonCredential(stored))), sha256.Sum256([]byte(presented))
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }

@@ -14,15 +14,18 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
 )
 
 // TestGatewayReleaseNeedsTheInternsDaemonSecret: InternGatewayService
-// answers only the intern's own daemon secret, the same 401 for an unknown
-// intern, a wrong secret or another intern's secret, and writes no audit
-// row for a caller it did not authenticate.
+// answers only the credential the intern's own daemon derives from its
+// secret, the same 401 for an unknown intern, a wrong secret, another
+// intern's secret, the secret itself or what the gateway presents to the
+// daemon (captured in the jail and replayed), and writes no audit row for
+// a caller it did not authenticate.
 func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 	t.Parallel()
 	testenv.Each(t, func(t *testing.T, e *testenv.Env) {
@@ -39,6 +42,7 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 		if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("daemon_secret = ?", base64.StdEncoding.EncodeToString(ct)).Where("id = ?", e.InternID).Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
+		daemonCred := internd.DaemonCredential(secret)
 		c := cohortv1connect.NewInternGatewayServiceClient(e.HTTPClient(), e.URL)
 		call := func(tok, intern, host string) (string, error) {
 			r := connect.NewRequest(&cohortv1.ReleaseSecretRequest{InternId: intern, Name: "api_key", Host: host, RunId: "run-9"})
@@ -52,8 +56,11 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 			return res.Msg.GetValue(), nil
 		}
 		for _, bad := range []struct{ tok, intern string }{
-			{"", e.InternID}, {"wrong", e.InternID}, {secret + "x", e.InternID}, {secret, "00000000-0000-0000-0000-000000000000"},
-			{secret, "not-a-uuid"}, {e.WorkspaceKey, e.InternID}, {e.ManagementKey, e.InternID},
+			{"", e.InternID}, {"wrong", e.InternID}, {daemonCred + "x", e.InternID}, {daemonCred, "00000000-0000-0000-0000-000000000000"},
+			{daemonCred, "not-a-uuid"}, {e.WorkspaceKey, e.InternID}, {e.ManagementKey, e.InternID},
+			// The secret itself, and what the gateway presents to the
+			// daemon: a program in the jail that captured it has nothing.
+			{secret, e.InternID}, {internd.GatewayCredential(secret), e.InternID},
 		} {
 			if _, err := call(bad.tok, bad.intern, "api.example.com"); connect.CodeOf(err) != connect.CodeUnauthenticated || strings.Contains(err.Error(), "gw-secret-value") {
 				t.Fatalf("%+v: %v", bad, err)
@@ -63,10 +70,10 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 		if n != 0 {
 			t.Fatalf("unauthenticated calls were audited: %d", n)
 		}
-		if v, err := call(secret, e.InternID, "API.Example.COM."); err != nil || v != "gw-secret-value" {
+		if v, err := call(daemonCred, e.InternID, "API.Example.COM."); err != nil || v != "gw-secret-value" {
 			t.Fatalf("release: %q %v", v, err)
 		}
-		_, err = call(secret, e.InternID, "www.api.example.com")
+		_, err = call(daemonCred, e.InternID, "www.api.example.com")
 		if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), `not bound to host "www.api.example.com"`) {
 			t.Fatalf("other host: %v", err)
 		}
@@ -75,7 +82,7 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 		if len(rows) != 2 || rows[0].Actor != "daemon:"+e.InternID || *rows[0].RunID != "run-9" || rows[1].Outcome != "refused" {
 			t.Fatalf("audit: %+v", rows)
 		}
-		if strings.Contains(e.Logs(), "gw-secret-value") || strings.Contains(e.Logs(), secret) {
+		if strings.Contains(e.Logs(), "gw-secret-value") || strings.Contains(e.Logs(), secret) || strings.Contains(e.Logs(), daemonCred) {
 			t.Fatal("a secret reached the gateway log")
 		}
 	})

@@ -15,7 +15,10 @@ import (
 
 // GatewayHandler is InternGatewayService: the door interns' daemons use to
 // have the vault release a secret for one request of their http_request
-// tool. It is authenticated by the intern's daemon secret, not an API key.
+// tool. It is authenticated by the daemon's own credential, derived from
+// the intern's daemon secret (internd.DaemonCredential), not an API key:
+// what the gateway presents to the daemon, if a program in the jail
+// captured it, is refused here.
 type GatewayHandler struct{ S *Service }
 
 var _ cohortv1connect.InternGatewayServiceHandler = GatewayHandler{}
@@ -28,7 +31,7 @@ func NewGatewayHandler(s *Service, opts ...connect.HandlerOption) (string, http.
 	return cohortv1connect.NewInternGatewayServiceHandler(GatewayHandler{S: s}, append(opts, connect.WithCompressMinBytes(4096))...)
 }
 
-// ReleaseSecret checks the daemon's secret against the intern's row, then
+// ReleaseSecret checks the daemon's credential against the intern's row, then
 // releases through Service.Release (audited, with the run id).
 func (h GatewayHandler) ReleaseSecret(ctx context.Context, req *connect.Request[cohortv1.ReleaseSecretRequest]) (*connect.Response[cohortv1.ReleaseSecretResponse], error) {
 	in, err := h.S.authDaemon(ctx, req.Header().Get("Authorization"), req.Msg.GetInternId())
@@ -47,7 +50,7 @@ func (h GatewayHandler) ReleaseSecret(ctx context.Context, req *connect.Request[
 // caller cannot tell an unknown intern from a wrong secret.
 var errDaemonAuth = apierr.Unauthenticated("missing or invalid daemon secret")
 
-// authDaemon returns the live intern whose daemon secret the header
+// authDaemon returns the live intern whose daemon credential the header
 // carries (with its programme flag, which the release checks).
 func (s *Service) authDaemon(ctx context.Context, header, internID string) (*internRow, error) {
 	tok, ok := strings.CutPrefix(header, "Bearer ")
