@@ -192,7 +192,7 @@ func hdr(kv ...string) http.Header {
 
 // serveModel serves the relay's model connections, as a jail's relay hands
 // them over: for "" the operator's endpoint, else ServeModel to upstream.
-func serveModel(t *testing.T, r *egress.Relay, upstream string) string {
+func serveModel(t testing.TB, r *egress.Relay, upstream string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -147,34 +147,40 @@ type redactReader struct {
 	r   *Redactor
 	src io.Reader
 	buf []byte
-	// pending are bytes read but not decided; out are redacted bytes not
-	// yet returned.
+	// pending are bytes read but not decided; out[off:] are redacted
+	// bytes not yet returned.
 	pending, out []byte
+	off          int
 	err          error
 }
 
 func (rr *redactReader) Read(p []byte) (int, error) {
-	for len(rr.out) == 0 {
+	for rr.off == len(rr.out) {
 		if rr.err != nil {
 			return 0, rr.err
 		}
 		n, err := rr.src.Read(rr.buf)
-		rr.pending = append(rr.pending, rr.buf[:n]...)
+		in := rr.buf[:n]
+		if len(rr.pending) > 0 {
+			rr.pending = append(rr.pending, in...)
+			in = rr.pending
+		}
+		rr.off = 0
 		switch {
 		case err == nil:
 			var held []byte
-			rr.out, held = rr.r.redact(rr.out[:0], rr.pending, false)
+			rr.out, held = rr.r.redact(rr.out[:0], in, false)
 			rr.pending = append(rr.pending[:0], held...)
 		case err == io.EOF:
-			rr.out, _ = rr.r.redact(rr.out[:0], rr.pending, true)
+			rr.out, _ = rr.r.redact(rr.out[:0], in, true)
 			rr.pending, rr.err = nil, io.EOF
 		default:
-			rr.out, _ = rr.r.redact(rr.out[:0], rr.pending, false)
+			rr.out, _ = rr.r.redact(rr.out[:0], in, false)
 			rr.pending, rr.err = nil, err
 		}
 	}
-	n := copy(p, rr.out)
-	rr.out = rr.out[n:]
+	n := copy(p, rr.out[rr.off:])
+	rr.off += n
 	return n, nil
 }
 
