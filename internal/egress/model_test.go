@@ -305,12 +305,24 @@ func TestModelRelayPutsTheKeyOnlyInTheAuthHeaderOfModelCalls(t *testing.T) {
 // Every response the relay passes on is free of the key: headers,
 // informational headers, a body streamed in pieces that split it,
 // trailers, and a body the upstream compressed although asked not to. An
-// encoding the relay cannot read is not passed on. Both the operator's
-// endpoint and a jail's own (ServeModel).
+// encoding the relay cannot read is not passed on. The operator's
+// endpoint, a jail's own (ServeModel) and intern Pods' (Model) alike.
 func TestModelRelayRedactsTheKeyFromEveryResponse(t *testing.T) {
 	e := newEcho(t)
 	r := newRelay(t, egress.Config{ModelBaseURL: e.srv.URL, ModelAPIKey: realKey, Placeholder: placeholder})
-	for name, addr := range map[string]string{"operator": serveModel(t, r, ""), "jail upstream": serveModel(t, r, e.srv.URL)} {
+	// Intern Pods' relay: the handler the gateway serves under
+	// /intern-relay/ (internal/provision/kuberelay.go).
+	pods, err := r.Model(e.srv.URL, func(context.Context) (string, error) { return realKey, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	podSrv := httptest.NewServer(pods)
+	defer podSrv.Close()
+	for name, addr := range map[string]string{"operator": serveModel(t, r, ""), "jail upstream": serveModel(t, r, e.srv.URL),
+		"pods": strings.TrimPrefix(podSrv.URL, "http://")} {
+		if s := exchange(t, addr, "GET", "/v1/any/path?k="+placeholder, nil, ""); s.status != http.StatusForbidden || strings.Contains(s.all, realKey) {
+			t.Errorf("%s, any path: %d %s", name, s.status, s.all)
+		}
 		for _, as := range []string{"stream", "hints", "gzip", "deflate"} {
 			s := exchange(t, addr, "POST", "/v1/chat/completions?as="+as, hdr("Authorization", "Bearer "+placeholder, "Accept-Encoding", "gzip, br"), "{}")
 			if s.status != 200 || !strings.Contains(s.body, "Bearer "+placeholder) {
