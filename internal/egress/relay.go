@@ -214,7 +214,7 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		fullDuplex(w)
 		plan, refused := checkModel(req, u.Path, r.cfg.Placeholder)
 		if refused != nil {
-			r.log.Info("model relay: refused", "host", u.Host, "method", req.Method, "reason", refused.code)
+			r.log.Info("model relay: refused", "host", u.Host, "method", req.Method, "path", clip(req.URL.Path), "reason", refused.code)
 			modelError(w, http.StatusForbidden, "permission_error", refused.code, refused.message)
 			return
 		}
