@@ -5,8 +5,10 @@
 //   - KindGateway: spliced to the gateway's own API (the vault, for the
 //     daemon's http_request tool);
 //   - KindModel: an HTTP reverse proxy to the operator's model endpoint
-//     that puts the real model key where the agent wrote its placeholder,
-//     so the key never enters the jail;
+//     that carries model API calls only, puts the real model key in the
+//     provider's auth header where the agent wrote its placeholder, and
+//     redacts the key from every response, so the key never enters the
+//     jail (model.go);
 //   - KindInternet: an HTTP proxy (CONNECT and absolute-form requests) to
 //     public addresses only: never the gateway's loopback services, private
 //     ranges or the machine's own addresses;
@@ -30,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
@@ -54,8 +57,9 @@ type Config struct {
 	// empty). Loopback and private addresses are allowed here: the
 	// operator chose it.
 	ModelBaseURL string
-	// ModelAPIKey replaces every occurrence of Placeholder in the model
-	// requests' header values; empty substitutes nothing.
+	// ModelAPIKey replaces Placeholder in a model request's auth header
+	// (model.go says which), and Placeholder replaces it in responses;
+	// empty substitutes nothing.
 	ModelAPIKey string
 	Placeholder string
 	// ModelRoots are CAs trusted for an https model endpoint besides the
@@ -130,7 +134,8 @@ func New(cfg Config) (*Relay, error) {
 
 // ServeModel relays one model connection of a jail that has its own model
 // endpoint (a third-party agent's provider) to baseURL instead of the
-// operator's, with key's value in place of the placeholder. key is asked
+// operator's, with key's value in place of the placeholder in the
+// provider's auth header (model.go), redacted from the responses. key is asked
 // per request, so a rotated vault secret applies at once; "" substitutes
 // nothing, and an error refuses the request with 401 and a message that
 // names no value.
@@ -162,26 +167,42 @@ func dialLocalhost(dial func(ctx context.Context, network, addr string) (net.Con
 	}
 }
 
-type keyCtx struct{}
+// modelReq is what the model relay decided for one request: the key and
+// where it goes.
+type modelReq struct {
+	key  string
+	plan modelPlan
+	red  *httptool.Redactor // nil: nothing to redact
+}
 
-// modelProxy forwards to u, putting key's value where the agent wrote the
-// placeholder (headers and query: some SDKs send the key as ?key=).
+type modelReqCtx struct{}
+
+// modelProxy forwards model API calls to u, with key's value in the
+// provider's own auth header where the agent put the placeholder there
+// (checkModel), and the key redacted from every response.
 func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)) http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = u.Scheme, u.Host, u.Host
-			k, _ := pr.In.Context().Value(keyCtx{}).(string)
-			r.substitute(pr.Out, k)
+			m, _ := pr.In.Context().Value(modelReqCtx{}).(modelReq)
+			m.plan.apply(pr.Out, m.key)
 		},
 		Transport: r.modelTransport,
 		// Model responses are event streams: every chunk goes out at once.
 		FlushInterval: -1,
 		ModifyResponse: func(res *http.Response) error {
-			k, _ := res.Request.Context().Value(keyCtx{}).(string)
-			stripKey(res.Header, k)
-			return nil
+			m, _ := res.Request.Context().Value(modelReqCtx{}).(modelReq)
+			if m.red == nil {
+				return nil
+			}
+			return redactResponse(res, m.red)
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			if errors.Is(err, errEncoding) {
+				r.log.Warn("model relay: an answer in an encoding it cannot read", "host", u.Host)
+				modelError(w, http.StatusBadGateway, "api_error", "upstream_encoding", errEncoding.Error())
+				return
+			}
 			// The error may name the upstream; never the key (it is only in
 			// the outgoing request's headers).
 			r.log.Warn("model relay: upstream failed", "host", u.Host, "err", errors.Unwrap(err) != nil)
@@ -191,6 +212,12 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		fullDuplex(w)
+		plan, refused := checkModel(req, u.Path, r.cfg.Placeholder)
+		if refused != nil {
+			r.log.Info("model relay: refused", "host", u.Host, "method", req.Method, "path", clip(req.URL.Path), "reason", refused.code)
+			modelError(w, http.StatusForbidden, "permission_error", refused.code, refused.message)
+			return
+		}
 		k, err := key(req.Context())
 		if err != nil {
 			r.log.Warn("model relay: no key", "host", u.Host, "err", err)
@@ -199,7 +226,16 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 			fmt.Fprintf(w, `{"error":{"type":"authentication_error","message":%q}}`, "cohort: "+err.Error())
 			return
 		}
-		proxy.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), keyCtx{}, k)))
+		m := modelReq{key: k, plan: plan}
+		if k == "" || r.cfg.Placeholder == "" {
+			proxy.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), modelReqCtx{}, m)))
+			return
+		}
+		m.red = &httptool.Redactor{}
+		m.red.Add(k, r.cfg.Placeholder)
+		proxy.ServeHTTP(&redactingWriter{ResponseWriter: w, red: m.red}, req.WithContext(context.WithValue(req.Context(), modelReqCtx{}, m)))
+		// Trailers, set after the body.
+		redactHeader(w.Header(), m.red)
 	})
 }
 
@@ -252,38 +288,6 @@ func (r *Relay) ModelPath() string { return strings.TrimRight(r.model.EscapedPat
 // in-jail address with the real endpoint's path, so paths pass unchanged.
 func (r *Relay) InJailModelURL(addr string) string {
 	return "http://" + addr + strings.TrimRight(r.model.EscapedPath(), "/")
-}
-
-// substitute puts the real key where the agent wrote the placeholder.
-func (r *Relay) substitute(out *http.Request, key string) {
-	if key == "" || r.cfg.Placeholder == "" {
-		return
-	}
-	for name, vals := range out.Header {
-		for i, v := range vals {
-			if strings.Contains(v, r.cfg.Placeholder) {
-				out.Header[name][i] = strings.ReplaceAll(v, r.cfg.Placeholder, key)
-			}
-		}
-	}
-	if strings.Contains(out.URL.RawQuery, r.cfg.Placeholder) {
-		out.URL.RawQuery = strings.ReplaceAll(out.URL.RawQuery, r.cfg.Placeholder, url.QueryEscape(key))
-	}
-}
-
-// stripKey drops response headers that echo the real key.
-func stripKey(h http.Header, key string) {
-	if key == "" {
-		return
-	}
-	for name, vals := range h {
-		for _, v := range vals {
-			if strings.Contains(v, key) {
-				h.Del(name)
-				break
-			}
-		}
-	}
 }
 
 // Serve handles one connection of the given kind and closes it; it

@@ -332,7 +332,7 @@ func TestServeModelUsesTheJailsUpstreamAndKey(t *testing.T) {
 	var hits int
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		hits++
-		if req.Header.Get("X-Api-Key") != realKey || req.URL.Query().Get("key") != realKey || req.URL.Path != "/v1/messages" {
+		if req.Header.Get("X-Api-Key") != realKey || req.URL.RawQuery != "beta=true" || req.URL.Path != "/v1/messages" {
 			http.Error(w, "bad key "+req.Header.Get("X-Api-Key"), http.StatusUnauthorized)
 			return
 		}
@@ -365,7 +365,7 @@ func TestServeModelUsesTheJailsUpstreamAndKey(t *testing.T) {
 		}
 	}()
 	send := func() (int, string) {
-		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/v1/messages?key="+placeholder, strings.NewReader("{}"))
+		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/v1/messages?beta=true", strings.NewReader("{}"))
 		req.Header.Set("X-Api-Key", placeholder)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {

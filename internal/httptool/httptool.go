@@ -275,15 +275,10 @@ var methods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS
 // forbiddenHeaders are set by the transport, never by the agent.
 var forbiddenHeaders = []string{"Host", "Content-Length", "Transfer-Encoding", "Connection", "Upgrade", "Te", "Trailer", "Proxy-Authorization", "Proxy-Connection", "Keep-Alive"}
 
-// secretValue is one released value and the spellings it may take in a
-// request or come back in.
+// secretValue is one released value.
 type secretValue struct {
 	name  string
 	value string
-	// forms, longest first, so a longer spelling is never left
-	// half-replaced by a shorter one.
-	forms  []string
-	plhold string
 }
 
 // Check validates a request's shape (method, URL, headers, bounds) before
@@ -373,7 +368,7 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 			if err != nil {
 				return nil, notReleased(n, host, err)
 			}
-			secrets = append(secrets, secretValue{name: n, value: v, plhold: "{{secret:" + n + "}}", forms: forms(v)})
+			secrets = append(secrets, secretValue{name: n, value: v})
 		}
 	}
 	fill := func(s string, escape func(string) string) string {
@@ -413,8 +408,11 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 		bodySecret = placeholder.MatchString(*a.Body)
 		body = []byte(fill(*a.Body, nil))
 	}
-	red := redactor(secrets)
-	redact := red.redact
+	red := &Redactor{}
+	for _, sv := range secrets {
+		red.Add(sv.value, "{{secret:"+sv.name+"}}")
+	}
+	redact := red.Redact
 	ctx, cancel := context.WithTimeout(ctx, t.o.Timeout)
 	defer cancel()
 	res := &Result{}
@@ -473,15 +471,15 @@ func (t *Tool) Do(ctx context.Context, a *Args, release Releaser) (*Result, erro
 }
 
 // finish reads a bounded body and redacts.
-func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red redactor) (*Result, error) {
+func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red *Redactor) (*Result, error) {
 	defer resp.Body.Close()
 	// Read past the bound by the longest spelling of a value, so an
 	// occurrence that starts before the cut is whole when it is redacted.
-	b, err := io.ReadAll(io.LimitReader(resp.Body, t.o.MaxResponse+int64(red.longest())+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, t.o.MaxResponse+int64(red.Longest())+1))
 	if err != nil {
-		return nil, failed("reading the response failed", err, red.redact, true)
+		return nil, failed("reading the response failed", err, red.Redact, true)
 	}
-	body := red.redact(string(b))
+	body := red.Redact(string(b))
 	if int64(len(b)) > t.o.MaxResponse {
 		res.Truncated = true
 		cut := int(min(t.o.MaxResponse, int64(len(body))))
@@ -490,9 +488,9 @@ func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red redactor
 		}
 		// A value cut short at the end is not recognised by redact: drop
 		// any tail that begins a spelling of one.
-		body = red.scrubTail(body[:cut])
+		body = red.ScrubTail(body[:cut])
 	}
-	t.fill(res, resp, u, red.redact)
+	t.fill(res, resp, u, red.Redact)
 	if utf8.ValidString(body) {
 		res.Body = body
 	} else {
@@ -501,50 +499,9 @@ func (t *Tool) finish(res *Result, resp *http.Response, u *url.URL, red redactor
 	return res, nil
 }
 
-// redactor replaces released values by their placeholders.
-type redactor []secretValue
-
-func (r redactor) redact(s string) string {
-	for _, sv := range r {
-		for _, f := range sv.forms {
-			if f != "" {
-				s = strings.ReplaceAll(s, f, sv.plhold)
-			}
-		}
-	}
-	return s
-}
-
-func (r redactor) longest() int {
-	n := 0
-	for _, sv := range r {
-		for _, f := range sv.forms {
-			n = max(n, len(f))
-		}
-	}
-	return n
-}
-
-// scrubTail removes the longest tail of s that is a proper prefix of a
-// spelling of a value (a value cut by truncation).
-func (r redactor) scrubTail(s string) string {
-	cut := 0
-	for _, sv := range r {
-		for _, f := range sv.forms {
-			for k := min(len(f)-1, len(s)); k > cut; k-- {
-				if strings.HasSuffix(s, f[:k]) {
-					cut = k
-					break
-				}
-			}
-		}
-	}
-	return s[:len(s)-cut]
-}
-
-func (t *Tool) finishHeadersOnly(res *Result, resp *http.Response, u *url.URL, red redactor) (*Result, error) {
+func (t *Tool) finishHeadersOnly(res *Result, resp *http.Response, u *url.URL, red *Redactor) (*Result, error) {
 	resp.Body.Close()
-	t.fill(res, resp, u, red.redact)
+	t.fill(res, resp, u, red.Redact)
 	return res, nil
 }
 
@@ -555,26 +512,6 @@ func (t *Tool) fill(res *Result, resp *http.Response, u *url.URL, redact func(st
 	for k, vs := range resp.Header {
 		res.Headers[k] = redact(strings.Join(vs, ", "))
 	}
-}
-
-// forms are the spellings a value takes: as is, then escaped for a query,
-// a path, and a JSON (or Go-quoted) string with and without HTML escaping,
-// so an echo in any of them is redacted.
-func forms(v string) []string {
-	out := []string{v}
-	j, _ := json.Marshal(v)
-	var plain strings.Builder
-	enc := json.NewEncoder(&plain)
-	enc.SetEscapeHTML(false)
-	enc.Encode(v)
-	p := strings.TrimSpace(plain.String())
-	for _, f := range []string{url.QueryEscape(v), url.PathEscape(v), string(j[1 : len(j)-1]), p[1 : len(p)-1]} {
-		if f != v && !slices.Contains(out, f) {
-			out = append(out, f)
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out
 }
 
 // cleanErr drops the method and quoted URL net/http puts in front of
