@@ -383,6 +383,17 @@ func TestManifestsStatic(t *testing.T) {
 		}
 	}
 
+	// The interns' image is one the admission policy lets the gateway run.
+	params := find[corev1.ConfigMap](t, ms, "ConfigMap", gatewayNS, "cohort-intern-pods")
+	img, allowed := env["COHORT_KUBE_IMAGE"].Value, false
+	for _, r := range strings.Split(params.Data["repositories"], ",") {
+		r = strings.TrimSpace(r)
+		allowed = allowed || r != "" && (img == r || strings.HasPrefix(img, r+":") || strings.HasPrefix(img, r+"@"))
+	}
+	if !allowed {
+		t.Errorf("COHORT_KUBE_IMAGE %q is in none of ConfigMap cohort-intern-pods' repositories %q", img, params.Data["repositories"])
+	}
+
 	// The Service selects the gateway and is what COHORT_KUBE_GATEWAY_URL names.
 	svc := find[corev1.Service](t, ms, "Service", gatewayNS, "cohort")
 	if !subset(svc.Spec.Selector, labels) {
@@ -749,6 +760,8 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		denied := []struct{ ns, group, res, sub, verb string }{
 			{internsNS, "", "pods", "exec", "create"}, // never a shell in an intern
 			{internsNS, "", "pods", "log", "get"},
+			{internsNS, "", "pods", "attach", "create"},
+			{internsNS, "", "pods", "portforward", "create"},
 			{internsNS, "", "configmaps", "", "create"},
 			{internsNS, "", "serviceaccounts", "", "create"},
 			{internsNS, "rbac.authorization.k8s.io", "roles", "", "create"},
