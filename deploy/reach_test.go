@@ -154,6 +154,8 @@ func testReach(t *testing.T, admin *rest.Config, adminClient kubernetes.Interfac
 			"another name":               {ObjectMeta: metav1.ObjectMeta{Name: "regcred2"}},
 			"an intern's name, no label": {ObjectMeta: metav1.ObjectMeta{Name: "intern-probe-1"}},
 			"another intern's name":      {ObjectMeta: metav1.ObjectMeta{Name: "intern-other-1", Labels: internObjectLabels}},
+			"a token's type": {ObjectMeta: metav1.ObjectMeta{Name: "intern-probe-token", Labels: internObjectLabels,
+				Annotations: map[string]string{corev1.ServiceAccountNameKey: "default"}}, Type: corev1.SecretTypeServiceAccountToken},
 		} {
 			if _, err := secrets.Create(ctx, s, dry); !refusedByPolicy(err) {
 				t.Errorf("create a Secret with %s: %v, want refused by the policy", name, err)
