@@ -211,7 +211,17 @@ func testReach(t *testing.T, admin *rest.Config, adminClient kubernetes.Interfac
 				p.Spec.InitContainers = []corev1.Container{c}
 			},
 			"another intern's name": func(p *corev1.Pod) { p.Name = "intern-other" },
-			"no intern label":       func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} },
+			"a chosen node":         func(p *corev1.Pod) { p.Spec.NodeName = "control-plane-1" },
+			"a node selector": func(p *corev1.Pod) {
+				p.Spec.NodeSelector = map[string]string{"node-role.kubernetes.io/control-plane": ""}
+			},
+			"a toleration of everything": func(p *corev1.Pod) {
+				p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+			},
+			"a control-plane toleration": func(p *corev1.Pod) {
+				p.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+			},
+			"no intern label": func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} },
 		} {
 			p := internPod()
 			change(p)
