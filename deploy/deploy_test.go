@@ -762,6 +762,7 @@ func TestManifestsOnAPIServer(t *testing.T) {
 			{internsNS, "", "pods", "log", "get"},
 			{internsNS, "", "pods", "attach", "create"},
 			{internsNS, "", "pods", "portforward", "create"},
+			{internsNS, "", "serviceaccounts", "token", "create"}, // a token for a Pod's account
 			{internsNS, "", "configmaps", "", "create"},
 			{internsNS, "", "serviceaccounts", "", "create"},
 			{internsNS, "rbac.authorization.k8s.io", "roles", "", "create"},
