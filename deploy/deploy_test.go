@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -207,13 +208,18 @@ func subset(small, big map[string]string) bool {
 func TestManifestsStatic(t *testing.T) {
 	ms := manifests(t)
 
-	// Nothing cluster-wide but the two namespaces, and no Secret: the
-	// operator creates those (docs/kubernetes.md), they are never shipped.
+	// Nothing cluster-wide but the two namespaces and the gateway's
+	// admission policies, and no Secret: the operator creates those
+	// (docs/kubernetes.md), they are never shipped.
 	for _, m := range ms {
 		switch kind := m.obj.GetKind(); {
 		case kind == "Namespace":
 			if n := m.obj.GetName(); n != gatewayNS && n != internsNS {
 				t.Errorf("%s: unexpected namespace", m)
+			}
+		case kind == "ValidatingAdmissionPolicy", kind == "ValidatingAdmissionPolicyBinding":
+			if !strings.HasPrefix(m.obj.GetName(), "cohort-gateway-") {
+				t.Errorf("%s: unexpected admission policy", m)
 			}
 		case kind == "Secret", strings.HasPrefix(kind, "Cluster"):
 			t.Errorf("%s: must not be in deploy/", m)
@@ -377,6 +383,17 @@ func TestManifestsStatic(t *testing.T) {
 		}
 	}
 
+	// The interns' image is one the admission policy lets the gateway run.
+	params := find[corev1.ConfigMap](t, ms, "ConfigMap", gatewayNS, "cohort-intern-pods")
+	img, allowed := env["COHORT_KUBE_IMAGE"].Value, false
+	for _, r := range strings.Split(params.Data["repositories"], ",") {
+		r = strings.TrimSpace(r)
+		allowed = allowed || r != "" && (img == r || strings.HasPrefix(img, r+":") || strings.HasPrefix(img, r+"@"))
+	}
+	if !allowed {
+		t.Errorf("COHORT_KUBE_IMAGE %q is in none of ConfigMap cohort-intern-pods' repositories %q", img, params.Data["repositories"])
+	}
+
 	// The Service selects the gateway and is what COHORT_KUBE_GATEWAY_URL names.
 	svc := find[corev1.Service](t, ms, "Service", gatewayNS, "cohort")
 	if !subset(svc.Spec.Selector, labels) {
@@ -413,20 +430,88 @@ func TestManifestsStatic(t *testing.T) {
 		len(in.Spec.Ingress[0].Ports) != 1 || in.Spec.Ingress[0].Ports[0].Port.IntValue() != 7100 {
 		t.Errorf("intern ingress is not only the gateway on 7100: %+v", in.Spec.Ingress)
 	}
-	// Every egress rule names its peers: an empty `to` would be anywhere.
-	for i, r := range in.Spec.Egress {
-		if len(r.To) == 0 {
-			t.Errorf("intern egress rule %d allows every destination", i)
+	// Every egress rule of every policy that selects intern Pods names
+	// its peers (an empty `to` would be anywhere), and together their
+	// address blocks reach the internet's unicast addresses and nothing
+	// of the special-purpose registries.
+	var blocks []networkingv1.IPBlock
+	for _, m := range ms {
+		if m.obj.GetKind() != "NetworkPolicy" || m.obj.GetNamespace() != internsNS {
+			continue
 		}
-		for _, p := range r.To {
-			if p.IPBlock == nil {
-				continue
+		np := find[networkingv1.NetworkPolicy](t, ms, "NetworkPolicy", internsNS, m.obj.GetName())
+		if len(np.Spec.PodSelector.MatchLabels)+len(np.Spec.PodSelector.MatchExpressions) == 0 {
+			continue // default-deny
+		}
+		if !subset(np.Spec.PodSelector.MatchLabels, internLabels) {
+			t.Errorf("policy %s in %s selects %v, not intern Pods", np.Name, internsNS, np.Spec.PodSelector.MatchLabels)
+		}
+		for i, r := range np.Spec.Egress {
+			if len(r.To) == 0 {
+				t.Errorf("%s: egress rule %d allows every destination", np.Name, i)
 			}
-			for _, private := range []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10", "127.0.0.0/8"} {
-				if !slices.Contains(p.IPBlock.Except, private) {
-					t.Errorf("intern egress to %s does not except %s", p.IPBlock.CIDR, private)
+			for _, p := range r.To {
+				if p.IPBlock != nil {
+					blocks = append(blocks, *p.IPBlock)
 				}
 			}
+		}
+	}
+	checkInternet(t, blocks)
+}
+
+// notInternet is every range an intern must not reach by address: IANA's
+// IPv4 and IPv6 Special-Purpose Address Registries (as of 2025), the
+// IPv4 and IPv6 multicast ranges, IPv6's deprecated site-local range, and
+// the one cloud host address outside them (Azure's WireServer). Typed here
+// from the registries, not from the manifest.
+var notInternet = []string{
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+	"192.0.0.0/24", "192.0.0.0/29", "192.0.0.8/32", "192.0.0.9/32", "192.0.0.10/32", "192.0.0.170/31",
+	"192.0.2.0/24", "192.31.196.0/24", "192.52.193.0/24", "192.88.99.0/24", "192.168.0.0/16",
+	"192.175.48.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4",
+	"255.255.255.255/32", "224.0.0.0/4", "168.63.129.16/32",
+	"::1/128", "::/128", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "100:0:0:1::/64",
+	"2001::/23", "2001::/32", "2001:1::1/128", "2001:1::2/128", "2001:1::3/128", "2001:2::/48", "2001:3::/32",
+	"2001:4:112::/48", "2001:20::/28", "2001:30::/28", "2001:db8::/32", "2002::/16", "2620:4f:8000::/48",
+	"3fff::/20", "5f00::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
+}
+
+// internet is a sample of public model endpoints' kind of address.
+var internet = []string{"8.8.8.8", "1.1.1.1", "104.18.33.45", "13.107.42.14", "2606:4700::6810:1", "2a00:1450:4001:82b::200e"}
+
+// allowedBy reports whether blocks let any address of r through: a block
+// whose CIDR overlaps r without an except holding all of r.
+func allowedBy(blocks []networkingv1.IPBlock, r netip.Prefix) (string, bool) {
+	for _, b := range blocks {
+		c, err := netip.ParsePrefix(b.CIDR)
+		if err != nil || !c.Overlaps(r) {
+			continue
+		}
+		held := false
+		for _, e := range b.Except {
+			if x, err := netip.ParsePrefix(e); err == nil && x.Bits() <= r.Bits() && x.Contains(r.Addr()) {
+				held = true
+			}
+		}
+		if !held {
+			return b.CIDR, true
+		}
+	}
+	return "", false
+}
+
+func checkInternet(t *testing.T, blocks []networkingv1.IPBlock) {
+	t.Helper()
+	for _, s := range notInternet {
+		if via, ok := allowedBy(blocks, netip.MustParsePrefix(s)); ok {
+			t.Errorf("interns may reach %s (through the block %s)", s, via)
+		}
+	}
+	for _, s := range internet {
+		a := netip.MustParseAddr(s)
+		if _, ok := allowedBy(blocks, netip.PrefixFrom(a, a.BitLen())); !ok {
+			t.Errorf("interns may not reach the public address %s", s)
 		}
 	}
 }
@@ -661,7 +746,7 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		granted := map[[2]string][]string{
 			{"", "pods"}:                      {"get", "list", "watch", "create", "delete"},
 			{"", "persistentvolumeclaims"}:    {"get", "list", "watch", "create", "delete"},
-			{"", "secrets"}:                   {"get", "create", "delete", "patch"},
+			{"", "secrets"}:                   {"create", "delete"},
 			{"coordination.k8s.io", "leases"}: {"get", "list", "watch", "create", "update", "delete"},
 		}
 		all := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
@@ -675,6 +760,9 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		denied := []struct{ ns, group, res, sub, verb string }{
 			{internsNS, "", "pods", "exec", "create"}, // never a shell in an intern
 			{internsNS, "", "pods", "log", "get"},
+			{internsNS, "", "pods", "attach", "create"},
+			{internsNS, "", "pods", "portforward", "create"},
+			{internsNS, "", "serviceaccounts", "token", "create"}, // a token for a Pod's account
 			{internsNS, "", "configmaps", "", "create"},
 			{internsNS, "", "serviceaccounts", "", "create"},
 			{internsNS, "rbac.authorization.k8s.io", "roles", "", "create"},
@@ -687,6 +775,14 @@ func TestManifestsOnAPIServer(t *testing.T) {
 			{"", "", "nodes", "", "list"},
 			{"", "", "namespaces", "", "create"},
 			{"", "", "persistentvolumes", "", "create"},
+			// Nor the fences of its own reach.
+			{"", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", "update"},
+			{"", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", "delete"},
+			{gatewayNS, "", "configmaps", "", "update"},
+			{internsNS, "", "configmaps", "", "create"},
+			{internsNS, "", "pods", "ephemeralcontainers", "update"},
+			{internsNS, "", "pods", "", "update"},
+			{internsNS, "", "pods", "", "patch"},
 		}
 		for _, d := range denied {
 			if can(d.ns, d.group, d.res, d.sub, d.verb) {
@@ -697,41 +793,23 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		// The same by real requests (dry run): what the provisioner does
 		// succeeds, the rest is Forbidden.
 		dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-		internPod := func(ns string) *corev1.Pod {
-			return &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Name: "intern-probe", Labels: map[string]string{
-					"app.kubernetes.io/name": "cohort", "app.kubernetes.io/component": "intern", "cohort.dev/intern": "probe"}},
-				Spec: corev1.PodSpec{
-					AutomountServiceAccountToken: new(false),
-					SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: new(true), RunAsUser: new(int64(65532)),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
-					Containers: []corev1.Container{{Name: "intern", Image: "ghcr.io/cohort-dev/cohort:latest", Args: []string{"intern"},
-						SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: new(false), ReadOnlyRootFilesystem: new(true),
-							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
-				},
-			}
-		}
-		if _, err := sa.CoreV1().Pods(internsNS).Create(ctx, internPod(internsNS), dry); err != nil {
+		if _, err := sa.CoreV1().Pods(internsNS).Create(ctx, internPod(), dry); err != nil {
 			t.Errorf("create an intern Pod: %v", err)
 		}
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "intern-probe"},
-			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
-		}
-		if _, err := sa.CoreV1().PersistentVolumeClaims(internsNS).Create(ctx, pvc, dry); err != nil {
+		if _, err := sa.CoreV1().PersistentVolumeClaims(internsNS).Create(ctx, internClaim(), dry); err != nil {
 			t.Errorf("create a claim: %v", err)
 		}
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "intern-probe"}, StringData: map[string]string{"secret": "x"}}
-		if _, err := sa.CoreV1().Secrets(internsNS).Create(ctx, sec, dry); err != nil {
+		if _, err := sa.CoreV1().Secrets(internsNS).Create(ctx, internSecret(), dry); err != nil {
 			t.Errorf("create a Secret: %v", err)
 		}
-		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "intern-probe"}}
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "intern-probe", Labels: internObjectLabels}}
 		if _, err := sa.CoordinationV1().Leases(internsNS).Create(ctx, lease, dry); err != nil {
 			t.Errorf("create a Lease: %v", err)
 		}
 		for _, ns := range []string{gatewayNS, "default"} {
-			if _, err := sa.CoreV1().Pods(ns).Create(ctx, internPod(ns), dry); !apierrors.IsForbidden(err) {
+			p := internPod()
+			p.Namespace = ns
+			if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry); !apierrors.IsForbidden(err) {
 				t.Errorf("create a Pod in %s: got %v, want Forbidden", ns, err)
 			}
 		}
@@ -744,6 +822,14 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		if _, err := sa.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 			t.Errorf("list nodes: got %v, want Forbidden", err)
 		}
+	})
+
+	t.Run("reach", func(t *testing.T) {
+		testReach(t, cluster.Config, client)
+	})
+
+	t.Run("egress", func(t *testing.T) {
+		testEgressKnob(t, a, ms)
 	})
 
 	// Sorted, so that a failure names the same object first every run.

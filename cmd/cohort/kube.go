@@ -24,7 +24,7 @@ import (
 type kubeSettings struct {
 	config, namespace, image, gatewayURL                      *string
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
-	storageClass, wakeTimeout, agentModules                   *string
+	storageClass, wakeTimeout, agentModules, tmpSize          *string
 }
 
 func kubeFlags(fs *flag.FlagSet) *kubeSettings {
@@ -38,6 +38,7 @@ func kubeFlags(fs *flag.FlagSet) *kubeSettings {
 		cpuLimit:      fs.String("kube-cpu-limit", env("COHORT_KUBE_CPU_LIMIT", "1"), "with kubernetes, each intern Pod's CPU limit (COHORT_KUBE_CPU_LIMIT)"),
 		memoryLimit:   fs.String("kube-memory-limit", env("COHORT_KUBE_MEMORY_LIMIT", "1Gi"), "with kubernetes, each intern Pod's memory limit (COHORT_KUBE_MEMORY_LIMIT)"),
 		storage:       fs.String("kube-storage-size", env("COHORT_KUBE_STORAGE_SIZE", "1Gi"), "with kubernetes, the size of each intern's claim, which outlives its Pods (COHORT_KUBE_STORAGE_SIZE)"),
+		tmpSize:       fs.String("kube-tmp-size", env("COHORT_KUBE_TMP_SIZE", "1Gi"), "with kubernetes, the size limit of each intern Pod's /tmp (its HOME), an emptyDir; past it the Pod is evicted (COHORT_KUBE_TMP_SIZE)"),
 		storageClass:  fs.String("kube-storage-class", env("COHORT_KUBE_STORAGE_CLASS", ""), "with kubernetes, the storage class of the claims; empty: the cluster's default (COHORT_KUBE_STORAGE_CLASS)"),
 		wakeTimeout:   fs.String("kube-wake-timeout", env("COHORT_KUBE_WAKE_TIMEOUT", "2m"), "with kubernetes, how long a wake waits for the intern's Pod to be ready (COHORT_KUBE_WAKE_TIMEOUT)"),
 		agentModules:  fs.String("kube-agent-modules", env("COHORT_KUBE_AGENT_MODULES", ""), "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods (COHORT_KUBE_AGENT_MODULES)"),
@@ -66,6 +67,7 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 		{"kube-cpu-limit", "COHORT_KUBE_CPU_LIMIT", *s.cpuLimit, kc.Limits, corev1.ResourceCPU},
 		{"kube-memory-limit", "COHORT_KUBE_MEMORY_LIMIT", *s.memoryLimit, kc.Limits, corev1.ResourceMemory},
 		{"kube-storage-size", "COHORT_KUBE_STORAGE_SIZE", *s.storage, nil, corev1.ResourceStorage},
+		{"kube-tmp-size", "COHORT_KUBE_TMP_SIZE", *s.tmpSize, nil, corev1.ResourceEphemeralStorage},
 	} {
 		if q.v == "" && q.into != nil {
 			continue // no request or limit of that kind
@@ -74,9 +76,12 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 		if err != nil || v.Sign() <= 0 {
 			return nil, fmt.Errorf("--%s (%s): %q is not a quantity such as 500m, 256Mi or 2", q.flag, q.env, q.v)
 		}
-		if q.into == nil {
+		switch {
+		case q.name == corev1.ResourceEphemeralStorage:
+			kc.TmpSize = v
+		case q.into == nil:
 			kc.StorageSize = v
-		} else {
+		default:
 			q.into[q.name] = v
 		}
 	}

@@ -315,3 +315,24 @@ func TestServeRejectsBadInternEgressSettings(t *testing.T) {
 		}
 	}
 }
+
+// The Kubernetes size settings refuse what is not a positive quantity,
+// naming the flag, before anything is written.
+func TestServeRejectsBadKubeSizes(t *testing.T) {
+	t.Parallel()
+	for _, c := range [][]string{
+		{"--kube-tmp-size", "0"}, {"--kube-tmp-size", "lots"}, {"--kube-tmp-size", "-1Gi"}, {"--kube-storage-size", "0"},
+	} {
+		dir := t.TempDir()
+		var out, errOut syncBuf
+		args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir, "--provisioner", "kubernetes",
+			"--kube-image", "ghcr.io/cohort-dev/cohort:test", "--kube-gateway-url", "http://gw:8080"}, c...)
+		err := run(context.Background(), args, &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), c[0]) || !strings.Contains(err.Error(), c[1]) {
+			t.Errorf("%v: err = %v", c, err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("%v: %d files written", c, len(entries))
+		}
+	}
+}

@@ -26,6 +26,9 @@ import (
 // children must run the command, not the tests.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && slices.Contains([]string{"intern", "agent", "serve", "admin"}, os.Args[1]) {
+		if os.Getenv(forbidNamespacesEnv) == "1" {
+			forbidNamespaces()
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()
@@ -36,6 +39,21 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// forbidNamespacesEnv asks the test binary, run as a command in a user
+// namespace of its own, to set that namespace's limits on new namespaces
+// to zero first: a machine where no jail can be made, as in a container
+// without the privilege or a kernel that forbids unprivileged ones.
+const forbidNamespacesEnv = "COHORT_TEST_FORBID_NAMESPACES"
+
+func forbidNamespaces() {
+	for _, kind := range []string{"user", "mnt", "pid", "net", "ipc", "uts", "cgroup", "time"} {
+		if err := os.WriteFile("/proc/sys/user/max_"+kind+"_namespaces", []byte("0"), 0); err != nil {
+			os.Stderr.WriteString("forbid namespaces: " + err.Error() + "\n")
+			os.Exit(3)
+		}
+	}
 }
 
 // The bootstrap demo intern ends up running under `cohort serve` with the

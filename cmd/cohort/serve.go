@@ -96,6 +96,33 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopTracing()
+
+	// Listen, and make sure this machine can jail local interns, before
+	// anything is written: a gateway that cannot start leaves no database,
+	// KEK or bootstrap keys behind. (Local daemons are told where the
+	// gateway listens, so the listener comes first.)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	var jc *provision.JailConfig
+	if cfg.Provisioner == provision.Local && !cfg.UnsafeSharedHost {
+		// The data directory exists before the jail's hidden paths are
+		// resolved (through symlinks too); it is created empty.
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return err
+		}
+		var stopRelays func()
+		if jc, stopRelays, err = internJail(cfg, ln.Addr(), log); err != nil {
+			return err
+		}
+		defer stopRelays()
+		if err := server.ProbeJail(cfg, jc); err != nil {
+			return err
+		}
+	}
+
 	db, err := openDB(ctx, cfg)
 	if err != nil {
 		return err
@@ -129,12 +156,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer deps.Reads.Close()
 	}
-	// Listen first: local daemons are told where the gateway is.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
 	deps.GatewayURL = localGatewayURL(ln.Addr())
 	var podModels *egress.Relay
 	switch {
@@ -147,12 +168,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case cfg.Provisioner == provision.Local && cfg.UnsafeSharedHost:
 		fmt.Fprintln(stderr, "WARNING: "+server.UnsafeSharedHostWarning)
 	case cfg.Provisioner == provision.Local:
-		jc, stopRelays, err := internJail(cfg, ln.Addr(), log)
-		if err != nil {
-			return err
-		}
-		defer stopRelays()
-		deps.Jail = jc
+		deps.Jail, deps.JailProbed = jc, true
 	}
 	srv, err := server.New(ctx, cfg, deps)
 	if err != nil {

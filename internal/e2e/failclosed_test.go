@@ -66,6 +66,18 @@ func TestLocalProvisionerFailsClosed(t *testing.T) {
 	if strings.Contains(s, "listening on") {
 		t.Errorf("it listened before refusing:\n%s", s)
 	}
+	// And it wrote nothing: no database, KEK or bootstrap keys.
+	for i, a := range cmd.Args {
+		if a == "--data-dir" {
+			entries, err := os.ReadDir(cmd.Args[i+1])
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				t.Errorf("it refused to start but left %s in its data directory", e.Name())
+			}
+		}
+	}
 }
 
 // --unsafe-shared-host runs interns unjailed there, says so loudly at start

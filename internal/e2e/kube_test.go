@@ -14,9 +14,14 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -50,6 +55,11 @@ func newKubeFleetEnv(t testing.TB, env []string, extra ...string) *kubeFleet {
 	t.Helper()
 	kc := kubetest.Start(t)
 	kc.Namespace(t, kubeNS)
+	kc.Namespace(t, "cohort")
+	// The gateways act as deploy/'s ServiceAccount does, under its Role and
+	// admission policies: Cohort's own objects must pass them.
+	applyDeploy(t, kc, "namespaces.yaml", "gateway-rbac.yaml", "gateway-admission.yaml")
+	gatewayKubeconfig := kc.KubeconfigFor(t, "system:serviceaccount:cohort:cohort", "system:serviceaccounts", "system:serviceaccounts:cohort")
 	node := &kubetest.Node{Client: kc.Client, Namespace: kubeNS, Dir: t.TempDir(),
 		Binaries: map[string]string{"/cohort": cohortBin}, Log: t.Logf}
 	node.Start(t)
@@ -62,7 +72,7 @@ func newKubeFleetEnv(t testing.TB, env []string, extra ...string) *kubeFleet {
 	addr := ln.Addr().String()
 	ln.Close()
 	f := &kubeFleet{kc: kc, node: node}
-	f.args = append([]string{"--provisioner", "kubernetes", "--kube-config", kc.Kubeconfig, "--kube-image", "ghcr.io/cohort-dev/cohort:test",
+	f.args = append([]string{"--provisioner", "kubernetes", "--kube-config", gatewayKubeconfig, "--kube-image", "ghcr.io/cohort-dev/cohort:test",
 		"--kube-gateway-url", "http://" + addr}, extra...)
 	f.c = &cluster{dataDir: t.TempDir()}
 	f.c.dbArgs = []string{"--data-dir", f.c.dataDir, "--database-url", storetest.PostgresURL(t)}
@@ -70,6 +80,80 @@ func newKubeFleetEnv(t testing.TB, env []string, extra ...string) *kubeFleet {
 	f.c.load(t)
 	f.b = f.c.GatewayEnv(t, env, append([]string{"--no-bootstrap"}, f.args...)...)
 	return f
+}
+
+// applyDeploy creates the objects of files in deploy/ (namespaces: their
+// labels) on the test cluster, as its admin, and waits until the
+// admission policies among them are in force.
+func applyDeploy(t testing.TB, kc *kubetest.Cluster, files ...string) {
+	t.Helper()
+	ctx := context.Background()
+	policies := false
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+			if err != nil {
+				t.Fatalf("deploy/%s: %v", f, err)
+			}
+			c := kc.Client
+			switch o := obj.(type) {
+			case *corev1.Namespace:
+				ns, err := c.CoreV1().Namespaces().Get(ctx, o.Name, metav1.GetOptions{})
+				if err == nil {
+					ns.Labels = o.Labels
+					_, err = c.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			case *rbacv1.Role:
+				_, err = c.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			case *rbacv1.RoleBinding:
+				_, err = c.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			case *corev1.ConfigMap:
+				_, err = c.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			case *admissionv1.ValidatingAdmissionPolicy:
+				policies = true
+				_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+			case *admissionv1.ValidatingAdmissionPolicyBinding:
+				_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+			default:
+				t.Fatalf("deploy/%s: %T not expected here", f, obj)
+			}
+			if err != nil {
+				t.Fatalf("deploy/%s: %v", f, err)
+			}
+		}
+	}
+	if !policies {
+		return
+	}
+	// The API server loads policies a moment after they are created.
+	gw, err := kubernetes.NewForConfig(kc.ConfigFor(t, "system:serviceaccount:cohort:cohort"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, "the gateway's admission policies in force", func() bool {
+		_, err := gw.CoreV1().Secrets(kubeNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-cohorts"}},
+			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy")
+	})
+}
+
+// podSecret is the Secret a Pod's daemon takes its secret from.
+func podSecret(t testing.TB, pod *corev1.Pod) string {
+	t.Helper()
+	for _, e := range pod.Spec.Containers[0].Env {
+		if e.Name == "COHORT_INTERN_SECRET" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			return e.ValueFrom.SecretKeyRef.Name
+		}
+	}
+	t.Fatalf("pod %s takes COHORT_INTERN_SECRET from no Secret", pod.Name)
+	return ""
 }
 
 func (f *kubeFleet) pod(t testing.TB, id string) (*corev1.Pod, bool) {
@@ -162,6 +246,7 @@ func TestKubernetesInterns(t *testing.T) {
 		})
 	})
 
+	var secretName string
 	t.Run("pod spec", func(t *testing.T) {
 		pod, ok := f.pod(t, id)
 		if !ok {
@@ -174,6 +259,9 @@ func TestKubernetesInterns(t *testing.T) {
 		for _, v := range sp.Volumes {
 			if v.Projected != nil || (v.Secret != nil) {
 				t.Errorf("volume %s mounts a token or secret", v.Name)
+			}
+			if v.EmptyDir != nil && (v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Cmp(resource.MustParse("1Gi")) != 0) {
+				t.Errorf("emptyDir %s: size limit %v, want the default 1Gi", v.Name, v.EmptyDir.SizeLimit)
 			}
 		}
 		ct := sp.Containers[0]
@@ -202,7 +290,11 @@ func TestKubernetesInterns(t *testing.T) {
 		if strings.Contains(string(raw), secret) {
 			t.Error("the daemon secret is in the pod's spec")
 		}
-		sec, err := f.kc.Client.CoreV1().Secrets(kubeNS).Get(context.Background(), "intern-"+id+"-daemon", metav1.GetOptions{})
+		secretName = podSecret(t, pod)
+		if !strings.HasPrefix(secretName, "intern-"+id+"-") {
+			t.Errorf("the Pod's Secret %q is not named as the intern's", secretName)
+		}
+		sec, err := f.kc.Client.CoreV1().Secrets(kubeNS).Get(context.Background(), secretName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,11 +314,12 @@ func TestKubernetesInterns(t *testing.T) {
 		_, ok := f.pod(t, id)
 		return !ok && f.node.Running() == 0
 	})
-	if !f.exists(t, "claim", "intern-"+id) || f.exists(t, "secret", "intern-"+id+"-daemon") {
+	if !f.exists(t, "claim", "intern-"+id) || f.exists(t, "secret", secretName) {
 		t.Fatal("asleep: the claim must stay and the Secret go")
 	}
 
-	// Both replicas wake it at once: one Pod, and both turns answered.
+	// Both replicas wake it at once: one Pod, and both turns answered;
+	// the new Pod has a Secret of its own.
 	var wg sync.WaitGroup
 	for i, gw := range []*proc{f.a, f.b} {
 		wg.Add(1)
@@ -238,6 +331,11 @@ func TestKubernetesInterns(t *testing.T) {
 	wg.Wait()
 	if n := f.podsStarted(id); n != 2 {
 		t.Fatalf("pods started after one wake by two replicas: %d, want 2 in all", n)
+	}
+	if pod, ok := f.pod(t, id); !ok || podSecret(t, pod) == secretName {
+		t.Fatalf("the woken intern's pod (%v) shares the Secret %s of the one before", ok, secretName)
+	} else {
+		secretName = podSecret(t, pod)
 	}
 	s = turnOK(t, f.a, c.WK, id, "$ cat note.txt")
 	if !strings.Contains(s.Text, "through-a") {
@@ -263,10 +361,13 @@ func TestKubernetesInterns(t *testing.T) {
 	})
 
 	// Deleted: the Pod, the Secret, the claim and the Lease all go.
+	if pod, ok := f.pod(t, id); ok {
+		secretName = podSecret(t, pod)
+	}
 	c.Admin(t, "intern", "delete", "--org", c.Org, "--id", id)
 	testutil.Eventually(t, wait, "the deleted intern's objects are removed", func() bool {
 		_, ok := f.pod(t, id)
-		return !ok && !f.exists(t, "claim", "intern-"+id) && !f.exists(t, "secret", "intern-"+id+"-daemon") && !f.exists(t, "lease", "intern-"+id)
+		return !ok && !f.exists(t, "claim", "intern-"+id) && !f.exists(t, "secret", secretName) && !f.exists(t, "lease", "intern-"+id)
 	})
 }
 

@@ -86,6 +86,9 @@ type KubeConfig struct {
 	// cluster's default class).
 	StorageSize  resource.Quantity
 	StorageClass string
+	// TmpSize caps each Pod's /tmp, an emptyDir (default 1 Gi): past it
+	// the kubelet evicts the Pod instead of filling the node's disk.
+	TmpSize resource.Quantity
 	// WakeTimeout bounds the wait for a Pod to become ready (default 2 m).
 	WakeTimeout time.Duration
 	// Identity names this replica in Leases (default: host name and pid).
@@ -105,10 +108,27 @@ type KubeConfig struct {
 }
 
 // Object names of an intern (its id is a UUID: a valid DNS label).
-func podName(id string) string    { return "intern-" + id }
-func claimName(id string) string  { return "intern-" + id }
-func secretName(id string) string { return "intern-" + id + "-daemon" }
-func leaseName(id string) string  { return "intern-" + id }
+func podName(id string) string   { return "intern-" + id }
+func claimName(id string) string { return "intern-" + id }
+func leaseName(id string) string { return "intern-" + id }
+
+// secretName is the Secret of the Pod made for the wrapped daemon secret
+// whose digest is given: each Pod has one of its own, so the gateway
+// never reads a Secret to learn whose it is (its account may not:
+// docs/kubernetes.md).
+func secretName(id, digest string) string { return "intern-" + id + "-" + digest }
+
+// podSecret is the Secret pod's daemon takes its secret from ("": none).
+func podSecret(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		for _, e := range c.Env {
+			if e.Name == "COHORT_INTERN_SECRET" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				return e.ValueFrom.SecretKeyRef.Name
+			}
+		}
+	}
+	return ""
+}
 
 // errHeld says another replica acts on the intern now.
 var errHeld = errors.New("another gateway replica is acting on this intern")
@@ -154,6 +174,9 @@ func (k *kubeFleet) init(p *Provisioner) error {
 	}
 	if c.StorageSize.IsZero() {
 		c.StorageSize = resource.MustParse("1Gi")
+	}
+	if c.TmpSize.IsZero() {
+		c.TmpSize = resource.MustParse("1Gi")
 	}
 	k.acting = map[string]*action{}
 	k.used = map[string]time.Time{}
@@ -356,13 +379,13 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	defer release()
 	in, err := p.row(ctx, id)
 	if errors.Is(err, errNoRows) {
-		return p.deleteObjects(ctx, id, true)
+		return p.deleteObjects(ctx, id, nil, true)
 	}
 	if err != nil {
 		return err
 	}
 	if in.State != store.InternProvisioning && in.State != store.InternRunning {
-		return p.deleteObjects(ctx, id, in.State == store.InternDeleted)
+		return p.deleteObjects(ctx, id, nil, in.State == store.InternDeleted)
 	}
 	pods := k.api.pods()
 	pod, err := pods.Get(ctx, podName(id), metav1.GetOptions{})
@@ -379,7 +402,7 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	}
 	if pod != nil && (!current || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded) {
 		// Stale (another secret, model or agent) or finished: a new one.
-		if err := p.deleteObjects(ctx, id, false); err != nil {
+		if err := p.deleteObjects(ctx, id, pod, false); err != nil {
 			return err
 		}
 		if err := p.waitPodGone(ctx, id); err != nil {
@@ -429,7 +452,7 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 	} else if secret, err = p.unwrap(in); err != nil {
 		return err
 	}
-	if err := p.ensureSecret(ctx, id, pod, secret, fresh); err != nil {
+	if err := p.ensureSecret(ctx, id, pod, secret); err != nil {
 		return err
 	}
 	url, err := p.waitPodReady(ctx, id)
@@ -471,11 +494,12 @@ func (p *Provisioner) removeWith(ctx context.Context, id string, claim bool) err
 	} else if err == nil {
 		claim = in.State == store.InternDeleted
 	}
-	return p.deleteObjects(ctx, id, claim)
+	return p.deleteObjects(ctx, id, nil, claim)
 }
 
 // deleteObjects deletes the intern's Pod and its Secret (and its claim).
-func (p *Provisioner) deleteObjects(ctx context.Context, id string, claim bool) error {
+// pod is the intern's Pod when the caller has it; nil: it is read here.
+func (p *Provisioner) deleteObjects(ctx context.Context, id string, pod *corev1.Pod, claim bool) error {
 	api := p.kube.api
 	gone := func(err error) error {
 		if apierrors.IsNotFound(err) {
@@ -483,13 +507,26 @@ func (p *Provisioner) deleteObjects(ctx context.Context, id string, claim bool) 
 		}
 		return err
 	}
-	if err := gone(api.pods().Delete(ctx, podName(id), metav1.DeleteOptions{})); err != nil {
-		return err
+	if pod == nil {
+		var err error
+		if pod, err = api.pods().Get(ctx, podName(id), metav1.GetOptions{}); gone(err) != nil {
+			return err
+		} else if err != nil {
+			pod = nil
+		}
 	}
 	// The Secret is owned by its Pod, so the cluster collects it too; it
-	// is deleted here at once so a new Pod never starts with an old one.
-	if err := gone(api.secrets().Delete(ctx, secretName(id), metav1.DeleteOptions{})); err != nil {
-		return err
+	// goes first, by the name the Pod gives it, so that a replica dying in
+	// between leaves a Pod to find it by (its name is the Pod's alone).
+	if pod != nil {
+		if name := podSecret(pod); name != "" {
+			if err := gone(api.secrets().Delete(ctx, name, metav1.DeleteOptions{})); err != nil {
+				return err
+			}
+		}
+		if err := gone(api.pods().Delete(ctx, podName(id), metav1.DeleteOptions{})); err != nil {
+			return err
+		}
 	}
 	if claim {
 		if err := gone(api.claims().Delete(ctx, claimName(id), metav1.DeleteOptions{})); err != nil {
@@ -525,40 +562,25 @@ func (p *Provisioner) ensureClaim(ctx context.Context, id string) error {
 }
 
 // ensureSecret gives the Pod its daemon secret, owned by the Pod so it
-// goes with it.
-func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.Pod, secret string, fresh bool) error {
-	k := p.kube
-	secrets := k.api.secrets()
+// goes with it. The Secret's name is the Pod's alone (secretName): one
+// that exists was made for this Pod, so it is never read back.
+func (p *Provisioner) ensureSecret(ctx context.Context, id string, pod *corev1.Pod, secret string) error {
+	name := podSecret(pod)
+	if name == "" {
+		return errors.New("the intern's pod names no daemon secret")
+	}
 	yes := true
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: secretName(id), Labels: internLabels(id),
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: internLabels(id),
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &yes}}},
 		Type:      corev1.SecretTypeOpaque,
 		Immutable: &yes,
 		Data:      map[string][]byte{"secret": []byte(secret), "relay-token": []byte(relayToken(secret, id))},
 	}
-	if fresh {
-		// A Pod just made: its Secret is new too, unless an old one was left.
-		_, err := secrets.Create(ctx, s, metav1.CreateOptions{})
-		if !apierrors.IsAlreadyExists(err) {
-			return err
-		}
+	_, err := p.kube.api.secrets().Create(ctx, s, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
 	}
-	cur, err := secrets.Get(ctx, secretName(id), metav1.GetOptions{})
-	if err == nil {
-		for _, o := range cur.OwnerReferences {
-			if o.UID == pod.UID {
-				return nil
-			}
-		}
-		// Left by an earlier Pod: replaced before this one starts.
-		if err := secrets.Delete(ctx, secretName(id), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
-	} else if !apierrors.IsNotFound(err) {
-		return err
-	}
-	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 	return err
 }
 
@@ -642,7 +664,7 @@ func (p *Provisioner) podEnv(in *store.Intern, run agentRun) []corev1.EnvVar {
 	k := p.kube
 	fromSecret := func(key string) *corev1.EnvVarSource {
 		return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-			LocalObjectReference: corev1.LocalObjectReference{Name: secretName(in.ID)}, Key: key}}
+			LocalObjectReference: corev1.LocalObjectReference{Name: secretName(in.ID, secretDigest(in.DaemonSecret))}, Key: key}}
 	}
 	// $(…) is expanded by the kubelet from the variables before it.
 	relay := k.cfg.RelayURL + in.ID + "/$(COHORT_MODEL_RELAY_TOKEN)"
@@ -682,6 +704,7 @@ func (p *Provisioner) podFor(in *store.Intern, run agentRun) *corev1.Pod {
 	args = append(args, run.flags...)
 	no, yes := false, true
 	uid := int64(podUID)
+	tmp := k.cfg.TmpSize
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: podName(in.ID), Labels: internLabels(in.ID),
 			Annotations: map[string]string{annSecret: secretDigest(in.DaemonSecret), annModel: in.Model, annAgent: in.Agent}},
@@ -707,7 +730,9 @@ func (p *Provisioner) podFor(in *store.Intern, run agentRun) *corev1.Pod {
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claimName(in.ID)}}},
-				{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				// Every ephemeral volume is size-limited (the interns' admission
+				// policy refuses one that is not).
+				{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &tmp}}},
 			},
 		},
 	}

@@ -86,6 +86,9 @@ type Deps struct {
 	// Jail jails every local intern: required with the local provisioner
 	// unless the configuration allows UnsafeSharedHost.
 	Jail *provision.JailConfig
+	// JailProbed says the caller already checked this machine can make
+	// Jail (ProbeJail, before it wrote anything); New does otherwise.
+	JailProbed bool
 	// Kube is the cluster of the Kubernetes provisioner, connected.
 	Kube *provision.KubeConfig
 }
@@ -210,8 +213,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 				break
 			}
 			prov.Jail = d.Jail
-			if err := prov.ProbeJail(); err != nil {
-				return nil, fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
+			if !d.JailProbed {
+				if err := probeJail(prov); err != nil {
+					return nil, err
+				}
 			}
 		}
 		s.Provisioner, ins.Lifecycle, s.Chat.Daemons = prov, prov, prov
@@ -227,6 +232,25 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		}
 	}
 	return s, nil
+}
+
+// ProbeJail checks that this machine can make the jail cfg's local interns
+// would run in, as New does, without a database: serve calls it before it
+// writes anything. The error names what is missing and the remedies.
+func ProbeJail(cfg config.Config, jc *provision.JailConfig) error {
+	catalog, err := cfg.Catalog()
+	if err != nil {
+		return err
+	}
+	return probeJail(&provision.Provisioner{Mode: provision.Local, DataDir: cfg.DataDir, AgentCommand: cfg.AgentCommand,
+		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: jc})
+}
+
+func probeJail(p *provision.Provisioner) error {
+	if err := p.ProbeJail(); err != nil {
+		return fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
+	}
+	return nil
 }
 
 // Start starts the gateway's own work: the provisioner (the daemons of
