@@ -213,6 +213,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			if err := prov.ProbeJail(); err != nil {
 				return nil, fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
 			}
+			for _, w := range prov.LimitWarnings() {
+				log.Warn("an intern limit is not enforced on this host", "limit", w)
+			}
 		}
 		s.Provisioner, ins.Lifecycle, s.Chat.Daemons = prov, prov, prov
 		s.closers = append(s.closers, func() error { prov.Close(); return nil })
