@@ -196,3 +196,32 @@ func tail(s string) string {
 	}
 	return s
 }
+
+// BenchmarkJailStart: a jail's start to its program's exit (/bin/true),
+// with no limits, with each one alone, and with the defaults.
+func BenchmarkJailStart(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		l    jail.Limits
+	}{
+		{"none", jail.Limits{}},
+		{"memory", jail.Limits{Memory: 4 << 30}},
+		{"pids", jail.Limits{Pids: 1024}},
+		{"cpu", jail.Limits{CPUWeight: 100}},
+		{"tmpfs+fsize", jail.Limits{Tmpfs: 1 << 30, FileSize: 10 << 30}},
+		{"defaults", jail.Limits{Memory: 4 << 30, Pids: 1024, CPUWeight: 100, Tmpfs: 1 << 30, FileSize: 10 << 30}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			spec := jail.Spec{Argv: []string{"/bin/true"}, Binds: jail.SystemBinds(), UID: 2000000001, GID: 2000000001, Limits: c.l}
+			for b.Loop() {
+				j, err := jail.Start(spec, jail.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st, _ := j.Wait(); !st.Success() {
+					b.Fatal(st)
+				}
+			}
+		})
+	}
+}
