@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,14 +19,33 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// abuseCommand is the abusive co-tenant's self-drive shell command: CPU
-// burn on every core, a memory hog that starts again when the kernel
-// kills it, and a fork bomb, for secs seconds (timeout kills its whole
-// process group). Only ever run with the process limit on.
-func abuseCommand(secs int) string {
-	return fmt.Sprintf(`timeout -s KILL %d sh -c 'for i in 1 2 3 4; do (while :; do :; done) & done; `+
-		`(while :; do head -c 5368709120 /dev/zero | tail > /dev/null; done) & `+
-		`sleep 1; b() { b | b & }; b; wait' > /dev/null 2>&1; echo abuse over`, secs)
+// abuseCommand is the abusive co-tenant's self-drive shell command, for
+// secs seconds (timeout kills its whole process group): what names, of
+// burn (a busy loop per core, twice over), hog (a memory hog that starts
+// again when the kernel kills it) and bomb (a fork bomb that keeps the
+// jail at its process limit, started last: nothing else forks after it),
+// or churn (the shell's fork bomb, whose processes die and are born again
+// at the limit). Only ever run with the process limit on.
+func abuseCommand(secs int, what []string) string {
+	var parts []string
+	if slices.Contains(what, "burn") {
+		parts = append(parts, `for i in 1 2 3 4; do (while :; do :; done) & done`)
+	}
+	if slices.Contains(what, "hog") {
+		parts = append(parts, `(while :; do head -c 5368709120 /dev/zero | tail > /dev/null; done) &`)
+	}
+	if slices.Contains(what, "bomb") {
+		// Every process forks for as long as it lives, refused or not
+		// (a shell's bomb dies out at the limit: a refused fork ends dash).
+		parts = append(parts, `sleep 1; perl -e "fork while 1"`)
+	}
+	if slices.Contains(what, "churn") {
+		// The shell's fork bomb: at the limit its processes die and are
+		// born again all the time.
+		parts = append(parts, `sleep 1; b() { b | b & }; b`)
+	}
+	parts = append(parts, "wait")
+	return fmt.Sprintf(`timeout -s KILL %d sh -c '%s' > /dev/null 2>&1; echo abuse over`, secs, strings.Join(parts, "\n"))
 }
 
 // benchNeighbour is `cohort-bench neighbour`: one gateway, two jailed
@@ -39,7 +59,9 @@ func benchNeighbour(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := flag.NewFlagSet("cohort-bench neighbour", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	turns := fs.Int("turns", 200, "the neighbour's turns in each column")
-	wakes := fs.Int("wakes", 20, "sleeping interns woken with limits on, and as many with them off")
+	wakes := fs.Int("wakes", 20, "sleeping interns woken with limits on, and as many with them off (0: none, and no limits-off gateway)")
+	rounds := fs.Int("rounds", 3, "idle and abusive columns, alternating")
+	abuses := fs.String("abuse", "burn,hog,bomb", "what the abusive co-tenant does: burn, hog, bomb (perl's fork loop), churn (the shell's fork bomb), comma-separated")
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,6 +77,9 @@ func benchNeighbour(ctx context.Context, args []string, stdout, stderr io.Writer
 
 	var wakeOn, wakeOff []time.Duration
 	for _, on := range []bool{true, false} {
+		if !on && *wakes == 0 {
+			break
+		}
 		data := filepath.Join(dir, fmt.Sprintf("data-%v", on))
 		serveArgs := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", data, "--log-level", "warn",
 			"--provisioner", "local", "--intern-idle-timeout", "1h", "--jail-orphan-timeout", "0", "--turn-rate", "100000/s"}
@@ -115,7 +140,7 @@ func benchNeighbour(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		if on {
 			wakeOn = woke
-		} else {
+		} else if len(woke) > 0 {
 			wakeOff = woke
 			stop()
 			break
@@ -137,36 +162,50 @@ func benchNeighbour(ctx context.Context, args []string, stdout, stderr io.Writer
 			}
 			return out, nil
 		}
-		idle, err := column()
-		if err != nil {
-			stop()
-			return fmt.Errorf("idle column: %w", err)
+		// Rounds alternate the two columns, so that the host's own noise
+		// (other work on it) falls on both alike.
+		var idle, abusive []time.Duration
+		var pids int
+		var abuser, load string
+		for range *rounds {
+			i, err := column()
+			if err != nil {
+				stop()
+				return fmt.Errorf("idle column: %w", err)
+			}
+			idle = append(idle, i...)
+			// The abuse outlasts the abusive column: 5 s to reach its
+			// limits, then three times the idle column's time.
+			secs := 10 + int(3*(sum(i).Seconds()+float64(*turns)*0.02))
+			abuse := make(chan string, 1)
+			go func() { abuse <- selfDrive(ctx, base, wk, demo, abuseCommand(secs, strings.Split(*abuses, ","))) }()
+			time.Sleep(5 * time.Second)
+			peak := make(chan int)
+			done := make(chan struct{})
+			go func() { peak <- peakPids(done) }()
+			a, err := column()
+			close(done)
+			pids = max(pids, <-peak)
+			load = loadavg()
+			if err != nil {
+				stop()
+				return fmt.Errorf("abusive column: %w", err)
+			}
+			abusive = append(abusive, a...)
+			abuser = <-abuse
 		}
-		// The abuse runs for as long as the idle column took, and more.
-		secs := int(sum(idle).Seconds()+float64(*turns)*0.02)*3 + 15
-		abuse := make(chan string, 1)
-		go func() { abuse <- selfDrive(ctx, base, wk, demo, abuseCommand(secs)) }()
-		time.Sleep(5 * time.Second) // the bomb and the hog at their limits
-		peak := make(chan int)
-		done := make(chan struct{})
-		go func() { peak <- peakPids(done) }()
-		abusive, err := column()
-		close(done)
-		pids := <-peak
-		if err != nil {
-			stop()
-			return fmt.Errorf("abusive column: %w", err)
-		}
-		load := loadavg()
-		fmt.Fprintf(stdout, "== the neighbour's time to first chunk, %d turns each (limits on: the defaults)\n", *turns)
+		fmt.Fprintf(stdout, "== the neighbour's time to first chunk, %d rounds of %d turns each (limits on: the defaults %s; abuse: %s)\n", *rounds, *turns, strings.Join(extra, " "), *abuses)
 		fmt.Fprintf(stdout, "%-28s %12s %12s\n", "", "idle", "abusive")
 		fmt.Fprintf(stdout, "%-28s %12s %12s\n", "p50", percentile(idle, .5).Round(10*time.Microsecond), percentile(abusive, .5).Round(10*time.Microsecond))
 		fmt.Fprintf(stdout, "%-28s %12s %12s\n", "p99", percentile(idle, .99).Round(10*time.Microsecond), percentile(abusive, .99).Round(10*time.Microsecond))
-		fmt.Fprintf(stdout, "abusive/idle: p50 %.2fx, p99 %.2fx (goal ≤ 1.5x); load average during the abuse %s\n",
+		fmt.Fprintf(stdout, "abusive/idle: p50 %.2fx, p99 %.2fx (goal ≤ 1.5x); load average at the end of the last abuse %s\n",
 			float64(percentile(abusive, .5))/float64(percentile(idle, .5)), float64(percentile(abusive, .99))/float64(percentile(idle, .99)), load)
-		fmt.Fprintf(stdout, "the abuser's turn: %s\n", <-abuse)
-		fmt.Fprintf(stdout, "most processes in one jail during the abusive column (pids.current): %d\n", pids)
+		fmt.Fprintf(stdout, "the abuser's last turn: %s\n", abuser)
+		fmt.Fprintf(stdout, "most processes in one jail during the abusive columns (pids.current): %d\n", pids)
 		stop()
+	}
+	if *wakes == 0 {
+		return nil
 	}
 	fmt.Fprintf(stdout, "== wake of a sleeping intern, chat request → first chunk (%d each)\n", *wakes)
 	fmt.Fprintf(stdout, "limits on:  p50 %s p99 %s\n", percentile(wakeOn, .5).Round(100*time.Microsecond), percentile(wakeOn, .99).Round(100*time.Microsecond))
