@@ -149,14 +149,29 @@ func CheckLimits(l Limits) []string {
 	if len(out) == len(l.wanted()) {
 		return out
 	}
-	// A cgroup made and removed the way Start does, for the controllers
-	// that exist.
-	dirs, err := makeCgroups(l, "probe-"+strconv.Itoa(os.Getpid()), 0)
-	removeCgroups(dirs, 0)
-	if err != nil {
+	if err := cgroupsUsable(l); err != nil {
 		out = append(out, fmt.Sprintf("memory, processes and CPU share: %v", err))
 	}
 	return out
+}
+
+var (
+	usableOnce sync.Once
+	usableErr  error
+)
+
+// cgroupsUsable makes and removes a cgroup the way Start does, once per
+// process: a host where this fails (no delegation to a user-namespace
+// gateway, a v2 cgroup shared with other processes) runs jails without
+// cgroups, as CheckLimits said at start; one where it works has every
+// jail's cgroup or no jail.
+func cgroupsUsable(l Limits) error {
+	usableOnce.Do(func() {
+		dirs, err := makeCgroups(l, "probe-"+strconv.Itoa(os.Getpid()), 0)
+		removeCgroups(dirs, 0)
+		usableErr = err
+	})
+	return usableErr
 }
 
 func limitName(c string) string {
@@ -168,7 +183,7 @@ func limitName(c string) string {
 // from its first instruction. Controllers the host lacks are skipped
 // (CheckLimits says so at start); one that exists and fails is an error.
 func placeInCgroups(l Limits, pid int) ([]string, error) {
-	if !l.cgroups() {
+	if !l.cgroups() || cgroupsUsable(l) != nil {
 		return nil, nil
 	}
 	dirs, err := makeCgroups(l, strconv.Itoa(pid), pid)
