@@ -7,6 +7,7 @@ package config
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -169,6 +170,10 @@ type InternLimits struct {
 	Processes int
 	// CPUWeight is the relative CPU share, 1–10000; 100 is equal.
 	CPUWeight int
+	// CPUs caps each jail's CPU time at this many CPUs (0: no cap); by
+	// default all of the host's but one (1 on a 1- or 2-CPU host), so that
+	// no intern takes the whole machine.
+	CPUs float64
 	// Tmpfs is the size of /tmp, and of /dev/shm, in bytes.
 	Tmpfs int64
 	// Disk bounds the intern's directory in bytes (see docs/security.md
@@ -178,5 +183,6 @@ type InternLimits struct {
 
 // DefaultInternLimits protect a shared host out of the box.
 func DefaultInternLimits() InternLimits {
-	return InternLimits{Memory: 4 << 30, Processes: 1024, CPUWeight: 100, Tmpfs: 1 << 30, Disk: 10 << 30}
+	return InternLimits{Memory: 4 << 30, Processes: 1024, CPUWeight: 100, CPUs: float64(max(runtime.NumCPU()-1, 1)),
+		Tmpfs: 1 << 30, Disk: 10 << 30}
 }

@@ -26,6 +26,9 @@ type Limits struct {
 	// 1–10000 (cgroup v2 cpu.weight; 100 is the default, an equal share
 	// with every other jail; v1 cpu.shares is weight×1024/100).
 	CPUWeight int `json:"cpu_weight,omitempty"`
+	// CPUs caps the jail's CPU time at this many CPUs' worth (cgroup v2
+	// cpu.max, v1 cpu.cfs_quota_us), even on an idle host.
+	CPUs float64 `json:"cpus,omitempty"`
 	// Tmpfs is the size in bytes of /tmp, and separately of /dev/shm.
 	Tmpfs int64 `json:"tmpfs,omitempty"`
 	// FileSize is the largest file any process of the jail may write
@@ -34,7 +37,7 @@ type Limits struct {
 }
 
 // cgroups reports whether l needs a cgroup.
-func (l Limits) cgroups() bool { return l.Memory > 0 || l.Pids > 0 || l.CPUWeight > 0 }
+func (l Limits) cgroups() bool { return l.Memory > 0 || l.Pids > 0 || l.CPUWeight > 0 || l.CPUs > 0 }
 
 // tmpfsData is the mount data of a tmpfs of the jail that its programs
 // write to (/tmp, /dev/shm).

@@ -128,7 +128,7 @@ func (l Limits) wanted() []string {
 	if l.Pids > 0 {
 		out = append(out, "pids")
 	}
-	if l.CPUWeight > 0 {
+	if l.CPUWeight > 0 || l.CPUs > 0 {
 		out = append(out, "cpu")
 	}
 	return out
@@ -262,12 +262,39 @@ func writeLimit(dir, c string, v2 bool, l Limits) error {
 		optional("memory.memsw.limit_in_bytes", mem)
 	case c == "pids":
 		return set("pids.max", strconv.Itoa(l.Pids))
-	case c == "cpu" && v2:
-		return set("cpu.weight", strconv.Itoa(min(max(l.CPUWeight, 1), 10000)))
 	case c == "cpu":
-		return set("cpu.shares", strconv.Itoa(max(l.CPUWeight*1024/100, 2)))
+		return writeCPU(dir, v2, l)
 	}
 	return nil
+}
+
+// writeCPU writes the CPU share (a weight) and cap (a quota per 100 ms).
+func writeCPU(dir string, v2 bool, l Limits) error {
+	set := func(file, v string) error { return writeFile1(filepath.Join(dir, file), v) }
+	const period = 100000 // µs
+	quota := int64(l.CPUs * period)
+	if l.CPUWeight > 0 {
+		var err error
+		if v2 {
+			err = set("cpu.weight", strconv.Itoa(min(max(l.CPUWeight, 1), 10000)))
+		} else {
+			err = set("cpu.shares", strconv.Itoa(max(l.CPUWeight*1024/100, 2)))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if quota <= 0 {
+		return nil
+	}
+	quota = max(quota, 1000)
+	if v2 {
+		return set("cpu.max", fmt.Sprintf("%d %d", quota, period))
+	}
+	if err := set("cpu.cfs_period_us", strconv.Itoa(period)); err != nil {
+		return err
+	}
+	return set("cpu.cfs_quota_us", strconv.FormatInt(quota, 10))
 }
 
 // writeFile1 writes one value to a cgroup file, naming the file on error.

@@ -146,9 +146,9 @@ func TestLimitsFileSize(t *testing.T) {
 	}
 }
 
-// The CPU share is written as asked; the cgroups go with the jail.
+// The CPU share and cap are written as asked; the cgroups go with the jail.
 func TestLimitsCPUShareAndCleanup(t *testing.T) {
-	l := jail.Limits{CPUWeight: 50, Pids: 100}
+	l := jail.Limits{CPUWeight: 50, CPUs: 0.5, Pids: 100}
 	needCgroups(t, l)
 	needNamespaces(t)
 	spec := jail.Spec{Argv: []string{"/bin/sleep", "5"}, Binds: jail.SystemBinds(), UID: 2000000001, GID: 2000000001, Limits: l}
@@ -164,6 +164,12 @@ func TestLimitsCPUShareAndCleanup(t *testing.T) {
 			if strings.TrimSpace(string(b)) != "512" {
 				t.Errorf("cpu.shares %s, want 512 for weight 50", b)
 			}
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.cfs_quota_us")); err == nil && strings.TrimSpace(string(b)) != "50000" {
+			t.Errorf("cpu.cfs_quota_us %s, want 50000 for half a CPU", b)
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.max")); err == nil && strings.TrimSpace(string(b)) != "50000 100000" {
+			t.Errorf("cpu.max %s, want half a CPU", b)
 		}
 		if b, err := os.ReadFile(filepath.Join(d, "cpu.weight")); err == nil {
 			found = true
@@ -183,7 +189,11 @@ func TestLimitsCPUShareAndCleanup(t *testing.T) {
 // gone checks that a finished jail left no cgroup behind.
 func gone(t *testing.T, dirs []string) {
 	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
 	for _, d := range dirs {
+		for exists(d) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 		if exists(d) {
 			t.Errorf("the jail's cgroup %s outlived it", d)
 		}

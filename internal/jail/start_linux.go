@@ -128,8 +128,8 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	go func() {
 		j.err = cmd.Wait()
 		j.state = cmd.ProcessState
-		removeCgroups(cgroups, 10*time.Second)
 		close(reaped)
+		removeCgroups(cgroups, 10*time.Second)
 	}()
 	if conn != nil {
 		j.conns = make(chan accepted)
