@@ -3,6 +3,7 @@ package jail_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -234,4 +235,58 @@ func BenchmarkJailStart(b *testing.B) {
 			}
 		})
 	}
+}
+
+// The test binary, started with JAILTEST_STARTER=<control path>, starts a
+// Control jail with limits and exits at once: a gateway that goes before
+// its jail, leaving the cleanup to whoever adopts it.
+func init() {
+	ctl := os.Getenv("JAILTEST_STARTER")
+	if ctl == "" {
+		return
+	}
+	j, err := jail.Start(jail.Spec{Argv: []string{"/bin/sleep", "60"}, Binds: jail.SystemBinds(), UID: 2000000001, GID: 2000000001,
+		Control: ctl, Orphan: time.Minute, Limits: jail.Limits{Memory: 1 << 30, Pids: 100, CPUWeight: 100}}, jail.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Until the init has its spec (Start writes it after returning).
+	for deadline := time.Now().Add(10 * time.Second); !jail.Alive(ctl) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println(j.Pid())
+	os.Exit(0)
+}
+
+// A gateway that adopts a jail (Attach) removes its cgroups when it ends,
+// though another process made them.
+func TestLimitsAdoptedJailCgroupsRemoved(t *testing.T) {
+	l := jail.Limits{Memory: 1 << 30, Pids: 100, CPUWeight: 100}
+	needCgroups(t, l)
+	needNamespaces(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := filepath.Join(t.TempDir(), "ctl.sock")
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "JAILTEST_STARTER="+ctl)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("starter: %v", err)
+	}
+	pid := 0
+	fmt.Sscan(string(out), &pid)
+	cg := hostCgroups(pid)
+	if len(cg) < 3 {
+		t.Fatalf("the jail's init %d is in cgroups %v, want memory, pids and cpu", pid, cg)
+	}
+	j, err := jail.Attach(ctl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Kill()
+	<-j.Done()
+	gone(t, cg)
 }
