@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Where each controller is found: a v2-only host, a hybrid one like this
@@ -115,3 +116,31 @@ func TestV2PlacementAndCleanup(t *testing.T) {
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// SweepCgroups removes an empty jail cgroup left from before (a jail that
+// ended with no caller attached), not one made a moment ago.
+func TestSweepCgroups(t *testing.T) {
+	h := cgroupHosts()["pids"]
+	if h == nil || os.Geteuid() != 0 {
+		t.Skip("no pids cgroup, or not root")
+	}
+	old := filepath.Join(h.base, cgroupPrefix+"sweep-old")
+	fresh := filepath.Join(h.base, cgroupPrefix+"sweep-fresh")
+	for _, d := range []string{old, fresh} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(d)
+	}
+	then := time.Now().Add(-2 * time.Minute)
+	if err := os.Chtimes(old, then, then); err != nil {
+		t.Skipf("cannot age a cgroup directory here: %v", err)
+	}
+	SweepCgroups()
+	if exists(old) {
+		t.Error("an empty jail cgroup from before was not swept")
+	}
+	if !exists(fresh) {
+		t.Error("a jail cgroup made a moment ago was swept")
+	}
+}
