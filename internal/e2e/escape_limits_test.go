@@ -125,4 +125,9 @@ func TestEscapeLimits(t *testing.T) {
 		t.Fatal("the gateway died")
 	default:
 	}
+	// What the host cannot enforce is said at start: here, the disk as a
+	// whole (RLIMIT_FSIZE bounds each file).
+	if os.Getenv("ESCAPE_LIMITS_OFF") != "1" && !strings.Contains(gw.stderr.String(), "an intern limit is not enforced on this host") {
+		t.Error("the gateway did not say at start which limit it cannot enforce")
+	}
 }

@@ -144,3 +144,20 @@ func TestSweepCgroups(t *testing.T) {
 		t.Error("a jail cgroup made a moment ago was swept")
 	}
 }
+
+// A host without the controllers: CheckLimits names each limit it cannot
+// enforce, and Start runs the jail without a cgroup rather than failing.
+func TestCheckLimitsWithoutControllers(t *testing.T) {
+	saved := cgroupHosts()
+	hosts = map[string]*hierarchy{}
+	defer func() { hosts = saved }()
+	got := CheckLimits(Limits{Memory: 1 << 30, Pids: 10, CPUWeight: 100, Tmpfs: 1 << 20})
+	if len(got) != 3 || !strings.Contains(got[0], "memory limit: no memory cgroup controller") ||
+		!strings.Contains(got[1], "process limit") || !strings.Contains(got[2], "CPU share") {
+		t.Fatalf("CheckLimits said %q", got)
+	}
+	dirs, err := placeInCgroups(Limits{Memory: 1 << 30}, os.Getpid())
+	if err != nil || len(dirs) != 0 {
+		t.Fatalf("placeInCgroups without controllers: %v %v", dirs, err)
+	}
+}
