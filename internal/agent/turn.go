@@ -602,11 +602,13 @@ func (t *turn) askUser(ctx context.Context, call ToolCall) (string, error) {
 // limitHint names the jail limit a command's status points to: SIGKILL
 // from nobody in the turn is the kernel's OOM killer at the jail's memory
 // limit, SIGXFSZ the largest-file limit (sh reports a killed child as
-// 128+signal; -1 is the command itself killed).
+// 128+signal; -1 is sh itself, or the command it became, killed).
 func limitHint(code int) string {
 	switch code {
-	case -1, 128 + 9:
+	case 128 + 9:
 		return "the command was killed (SIGKILL): in a jail this is the out-of-memory killer, the intern's memory limit reached"
+	case -1:
+		return "the command was killed by a signal: in a jail most often the out-of-memory killer, the intern's memory limit reached"
 	case 128 + 25:
 		return "the command was stopped (SIGXFSZ): a file reached the intern's largest-file limit"
 	}
