@@ -128,8 +128,10 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	go func() {
 		j.err = cmd.Wait()
 		j.state = cmd.ProcessState
-		close(reaped)
+		// Before Wait returns: a caller that exits next (cohort intern
+		// --jail) leaves no cgroup behind.
 		removeCgroups(cgroups, 10*time.Second)
+		close(reaped)
 	}()
 	if conn != nil {
 		j.conns = make(chan accepted)
