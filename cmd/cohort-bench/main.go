@@ -6,6 +6,7 @@
 //	go run ./cmd/cohort-bench chat         the chat path's figures (docs/benchmarks.md, Chat)
 //	go run ./cmd/cohort-bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
 //	go run ./cmd/cohort-bench sessions     a daemon's and its agent's memory over many sessions
+//	go run ./cmd/cohort-bench neighbour    a neighbour's latency beside an abusive intern; wakes with limits on and off
 //	go run ./cmd/cohort-bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	go run ./cmd/cohort-bench sse-serve    a bare Go SSE server, the reference (child)
 //	go run ./cmd/cohort-bench mock-daemon  an intern daemon that streams its schedule at once (child)
@@ -37,6 +38,7 @@ Usage:
   cohort-bench chat     [flags]  the chat path: time to first chunk, relay cost, throughput, idle streams
   cohort-bench fleet    [flags]  sleeping, waking and awake interns under one gateway
   cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions
+  cohort-bench neighbour [flags] a neighbour's latency beside an abusive intern (limits per intern)
 
 Each takes --cohort PATH, the cohort binary to measure; without it ./cmd/cohort is
 built (go build) into a temporary directory first. mock-model, sse-serve and
@@ -59,7 +61,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("want chat, fleet, sessions, mock-model, sse-serve or mock-daemon")
+		return errors.New("want chat, fleet, sessions, neighbour, mock-model, sse-serve or mock-daemon")
 	}
 	switch args[0] {
 	case "chat":
@@ -68,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchFleet(ctx, args[1:], stdout, stderr)
 	case "sessions":
 		return benchSessions(ctx, args[1:], stdout, stderr)
+	case "neighbour":
+		return benchNeighbour(ctx, args[1:], stdout, stderr)
 	case "mock-model":
 		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
 	case "sse-serve":

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/interns"
@@ -60,7 +61,12 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		jailed       = fs.Bool("jail", envBool("COHORT_INTERN_JAIL", false), "run the daemon and its agent in a jail of their own, as the local provisioner does: for several daemons on one host (COHORT_INTERN_JAIL)")
 		jailRO       = fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "with --jail, comma-separated host paths bound read-only into the jail besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	)
+	limits := config.DefaultInternLimits()
+	checkLimits := limitFlags(fs, &limits, "with --jail")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkLimits(); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -125,7 +131,7 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			pass = append(pass, "--http-tool-ca-file", ca)
 		}
 		return runJailedDaemon(ctx, jailedDaemon{listen: *listen, dataDir: *dataDir, internID: *internID, model: *model,
-			secret: secret, gatewayURL: *gatewayURL, readOnly: ro, hide: []string{*secretFile}, args: pass}, stdout, stderr, log)
+			secret: secret, gatewayURL: *gatewayURL, readOnly: ro, hide: []string{*secretFile}, args: pass, limits: limits}, stdout, stderr, log)
 	}
 	argv := strings.Fields(*agentCommand)
 	if len(argv) == 0 {

@@ -58,8 +58,8 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*provision.Ja
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	jc := &provision.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
-		Orphan: cfg.JailOrphanTimeout,
-		Hide:   provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
+		Orphan: cfg.JailOrphanTimeout, Limits: jailLimits(cfg.InternLimits),
+		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
 	if cfg.AgentAPIKey != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
@@ -116,6 +116,7 @@ func binaryDir() []string {
 type jailedDaemon struct {
 	listen, dataDir, internID, model, secret, gatewayURL string
 	readOnly, hide, args                                 []string
+	limits                                               config.InternLimits
 }
 
 func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writer, log *slog.Logger) error {
@@ -151,7 +152,7 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 	}
 	defer relay.Close()
 	jc := provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.readOnly,
-		Hide: provision.HiddenPaths(append(o.hide, binaryDir()...)...)}
+		Hide: provision.HiddenPaths(append(o.hide, binaryDir()...)...), Limits: jailLimits(o.limits)}
 	if key != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
@@ -161,6 +162,9 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 	dj := provision.DaemonJail{InternID: o.internID, Model: o.model, HostDir: dir, Self: []string{self}, DaemonArgs: o.args, JailConfig: jc}
 	if err := jail.Probe(dj.Spec()); err != nil {
 		return fmt.Errorf("this machine cannot make the jail: %w", err)
+	}
+	for _, w := range provision.LimitWarnings(jc.Limits) {
+		log.Warn("a limit of the jail is not enforced on this host", "limit", w)
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

@@ -45,6 +45,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
 	chat := chatFlags(fs, &cfg)
 	fleet := fleetFlags(fs, &cfg)
+	limits := limitFlags(fs, &cfg.InternLimits, "with local")
 	agentFlags(fs, &cfg)
 	fs.Usage = groupedUsage(fs, "serve", serveGroups)
 	if err := fs.Parse(args); err != nil {
@@ -54,6 +55,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := fleet(); err != nil {
+		return err
+	}
+	if err := limits(); err != nil {
 		return err
 	}
 	var err error

@@ -445,6 +445,8 @@ func (t *turn) shell(ctx context.Context, call ToolCall) (string, error) {
 	}
 	if res.TimedOut {
 		out["timed_out"] = fmt.Sprintf("the command was killed after %s", res.Duration.Round(time.Millisecond))
+	} else if why := limitHint(res.ExitCode); why != "" {
+		out["limit"] = why
 	}
 	status := acp.ToolCallStatusCompleted
 	if res.ExitCode != 0 || res.TimedOut {
@@ -595,4 +597,20 @@ func (t *turn) askUser(ctx context.Context, call ToolCall) (string, error) {
 	}
 	_ = t.update(acp.UpdateToolCall(id, acp.WithUpdateStatus(acp.ToolCallStatusCompleted), acp.WithUpdateRawOutput(answer)))
 	return toolJSON(answer), nil
+}
+
+// limitHint names the jail limit a command's status points to: SIGKILL
+// from nobody in the turn is the kernel's OOM killer at the jail's memory
+// limit, SIGXFSZ the largest-file limit (sh reports a killed child as
+// 128+signal; -1 is sh itself, or the command it became, killed).
+func limitHint(code int) string {
+	switch code {
+	case 128 + 9:
+		return "the command was killed (SIGKILL): in a jail this is the out-of-memory killer, the intern's memory limit reached"
+	case -1:
+		return "the command was killed by a signal: in a jail most often the out-of-memory killer, the intern's memory limit reached"
+	case 128 + 25:
+		return "the command was stopped (SIGXFSZ): a file reached the intern's largest-file limit"
+	}
+	return ""
 }

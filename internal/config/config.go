@@ -7,6 +7,7 @@ package config
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -96,6 +97,10 @@ type Config struct {
 	// its gateway has gone: a gateway started within it adopts the jail
 	// with its runs. 0 stops jails with their gateway.
 	JailOrphanTimeout time.Duration
+	// InternLimits bound each local intern's jail (and `cohort intern
+	// --jail`'s): memory, processes, CPU share, /tmp and /dev/shm, and its
+	// directory (InternDisk). A zero field is unbounded.
+	InternLimits InternLimits
 	// MaxAwakeInterns caps the awake local interns (0: no cap).
 	MaxAwakeInterns int
 	// InternStartConcurrency bounds local daemons starting at once.
@@ -128,6 +133,7 @@ func Default() Config {
 		InternIdleTimeout:      10 * time.Minute,
 		JailOrphanTimeout:      10 * time.Minute,
 		InternStartConcurrency: 4,
+		InternLimits:           DefaultInternLimits(),
 
 		ChatKeepalive:       30 * time.Second,
 		FirstEventTimeout:   30 * time.Second,
@@ -154,4 +160,29 @@ func (c Config) Catalog() (agents.Catalog, error) {
 		}
 	}
 	return cat, nil
+}
+
+// InternLimits are the operator's bounds on one intern's jail.
+type InternLimits struct {
+	// Memory in bytes, page cache and tmpfs included.
+	Memory int64
+	// Processes (and threads) at once.
+	Processes int
+	// CPUWeight is the relative CPU share, 1–10000; 100 is equal.
+	CPUWeight int
+	// CPUs caps each jail's CPU time at this many CPUs (0: no cap); by
+	// default all of the host's but one (1 on a 1- or 2-CPU host), so that
+	// no intern takes the whole machine.
+	CPUs float64
+	// Tmpfs is the size of /tmp, and of /dev/shm, in bytes.
+	Tmpfs int64
+	// Disk bounds the intern's directory in bytes (see docs/security.md
+	// for what the host's file system lets it enforce).
+	Disk int64
+}
+
+// DefaultInternLimits protect a shared host out of the box.
+func DefaultInternLimits() InternLimits {
+	return InternLimits{Memory: 4 << 30, Processes: 1024, CPUWeight: 100, CPUs: float64(max(runtime.NumCPU()-1, 1)),
+		Tmpfs: 1 << 30, Disk: 10 << 30}
 }

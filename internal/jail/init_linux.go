@@ -111,6 +111,9 @@ func runInit() {
 		fail("no_new_privs", err, "")
 	}
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if err := s.Limits.setRlimits(); err != nil {
+		fail("limits", err, "")
+	}
 	if s.Probe {
 		os.Exit(0)
 	}
@@ -503,12 +506,12 @@ func buildRoot(s *Spec) {
 
 	// A private /tmp first: a bind may sit inside it.
 	must("mkdir /tmp", os.MkdirAll("/newroot/tmp", 0o1777))
-	must("mount /tmp", unix.Mount("tmpfs", "/newroot/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"))
+	must("mount /tmp", unix.Mount("tmpfs", "/newroot/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, s.Limits.tmpfsData("1777")))
 	for _, b := range s.Binds {
 		must("bind "+b.Dst, bind(b))
 	}
 	if !s.Inherit {
-		must("/dev", makeDev())
+		must("/dev", makeDev(s.Limits.tmpfsData("1777")))
 	}
 	must("mkdir /proc", os.MkdirAll("/newroot/proc", 0o555))
 	if err := unix.Mount("proc", "/newroot/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
@@ -609,7 +612,7 @@ func mountPoint(dst string, dir bool) error {
 
 // makeDev builds a minimal /dev: the harmless character devices, the
 // usual links, a private pty instance and a private /dev/shm.
-func makeDev() error {
+func makeDev(shm string) error {
 	if err := os.MkdirAll("/newroot/dev", 0o755); err != nil {
 		return err
 	}
@@ -641,7 +644,7 @@ func makeDev() error {
 	}
 	// Terminals are optional: some agents' tools want one.
 	unix.Mount("devpts", "/newroot/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
-	return unix.Mount("tmpfs", "/newroot/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777")
+	return unix.Mount("tmpfs", "/newroot/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, shm)
 }
 
 // writeFile puts a File's content at its place, read-only: written to the

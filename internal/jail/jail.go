@@ -124,6 +124,9 @@ type Spec struct {
 	// Tag is what the init tells each caller that attaches: which jail
 	// this is (the caller decides whether it is the one it wants).
 	Tag string `json:"tag,omitempty"`
+	// Limits bound the jail's memory, processes, CPU share, tmpfs and file
+	// size (limits.go).
+	Limits Limits `json:"limits,omitempty"`
 
 	// Set by Start, read by the init.
 	privileged bool

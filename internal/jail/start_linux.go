@@ -107,6 +107,18 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		}
 		return nil, fmt.Errorf("jail: start: %w%s", err, startHint(err))
 	}
+	// The init waits for its spec: it is in the jail's cgroups before
+	// it does anything else.
+	cgroups, err := placeInCgroups(spec.Limits, cmd.Process.Pid)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		specW.Close()
+		if conn != nil {
+			conn.Close()
+		}
+		return nil, err
+	}
 	go func() {
 		specW.Write(payload)
 		specW.Close()
@@ -118,6 +130,9 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	go func() {
 		j.err = cmd.Wait()
 		j.state = cmd.ProcessState
+		// Before Wait returns: a caller that exits next (cohort intern
+		// --jail) leaves no cgroup behind.
+		removeCgroups(cgroups, 10*time.Second)
 		close(reaped)
 	}()
 	if conn != nil {
@@ -268,6 +283,7 @@ func Attach(path string, output io.Writer) (*Jail, error) {
 	j := &Jail{conn: c, conns: make(chan accepted), done: make(chan struct{}), control: true,
 		tag: string(buf[1:n]), pid: pid, output: output, exit: -1, gone: make(chan struct{})}
 	go j.read(j.gone)
+	go j.removeWhenDone(jailCgroups(pid))
 	return j, nil
 }
 

@@ -93,6 +93,9 @@ type JailConfig struct {
 	// gateway: a gateway that starts within it adopts them, their runs
 	// (paused ones included) intact. 0 stops them with their gateway.
 	Orphan time.Duration
+	// Limits bound each jail (memory, processes, CPU share, tmpfs, file
+	// size); LimitWarnings says which this host cannot enforce.
+	Limits jail.Limits
 }
 
 // Check refuses a read-only bind that a hidden path would cover: the
@@ -199,6 +202,7 @@ func (o DaemonJail) Spec() jail.Spec {
 		Hide:   o.Hide,
 		Relays: relays,
 		UID:    uid, GID: uid, Hostname: "intern",
+		Limits: o.Limits,
 	}
 	if o.Control != "" {
 		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)

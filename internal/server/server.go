@@ -218,6 +218,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 					return nil, err
 				}
 			}
+			for _, w := range prov.LimitWarnings() {
+				log.Warn("an intern limit is not enforced on this host", "limit", w)
+			}
 		}
 		s.Provisioner, ins.Lifecycle, s.Chat.Daemons = prov, prov, prov
 		s.closers = append(s.closers, func() error { prov.Close(); return nil })
