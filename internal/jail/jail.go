@@ -124,6 +124,9 @@ type Spec struct {
 	// Tag is what the init tells each caller that attaches: which jail
 	// this is (the caller decides whether it is the one it wants).
 	Tag string `json:"tag,omitempty"`
+	// Seccomp is the syscall filter on the program: SeccompStrict (the
+	// default), SeccompNested or SeccompOff.
+	Seccomp string `json:"seccomp,omitempty"`
 
 	// Set by Start, read by the init.
 	privileged bool
@@ -214,7 +217,7 @@ func (s *Spec) check() error {
 	if s.Orphan < 0 {
 		return errors.New("jail: negative orphan timeout")
 	}
-	return nil
+	return checkSeccomp(s.Seccomp)
 }
 
 // SystemBinds are the host's read-only directories that programs need to
