@@ -199,6 +199,10 @@ func (o DaemonJail) Spec() jail.Spec {
 		Hide:   o.Hide,
 		Relays: relays,
 		UID:    uid, GID: uid, Hostname: "intern",
+		// The built-in agent runs manual-mode commands in jails of its
+		// own; the daemon and it put the strict filter on every other
+		// agent and command (docs/decisions.md, "Seccomp").
+		Seccomp: jail.SeccompNested,
 	}
 	if o.Control != "" {
 		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)
