@@ -3,7 +3,11 @@ package jail_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,5 +56,48 @@ func BenchmarkJailStart(b *testing.B) {
 				b.ReportMetric(float64(took[(len(took)*99)/100].Microseconds())/1000, "p99-ms")
 			})
 		}
+	}
+}
+
+// BenchmarkSyscallUnderFilter: what the filter adds to a system call that
+// passes it (getppid runs through the whole list), in a child started
+// with StartFiltered and one without.
+//
+//	go test ./internal/jail -run '^$' -bench SyscallUnderFilter -count 3
+func BenchmarkSyscallUnderFilter(b *testing.B) {
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, level := range []string{jail.SeccompOff, jail.SeccompStrict} {
+		name := map[string]string{jail.SeccompOff: "off", jail.SeccompStrict: "strict"}[level]
+		b.Run("seccomp="+name, func(b *testing.B) {
+			cmd := exec.Command(self, "-test.run=^$")
+			cmd.Env = append(os.Environ(), "JAILTEST_SYSCALLS="+strconv.Itoa(b.N))
+			var out strings.Builder
+			cmd.Stdout = &out
+			if err := jail.StartFiltered(cmd, level); err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			ns, err := strconv.ParseFloat(strings.TrimSpace(out.String()), 64)
+			if err != nil {
+				b.Fatalf("child said %q", out.String())
+			}
+			b.ReportMetric(ns, "ns/syscall")
+		})
+	}
+}
+
+func init() {
+	if n, err := strconv.Atoi(os.Getenv("JAILTEST_SYSCALLS")); err == nil && n > 0 {
+		t0 := time.Now()
+		for range n {
+			syscall.Getppid()
+		}
+		fmt.Println(float64(time.Since(t0).Nanoseconds()) / float64(n))
+		os.Exit(0)
 	}
 }

@@ -118,8 +118,12 @@ func installSeccomp(level string, tsync bool) error {
 	if tsync {
 		flags = unix.SECCOMP_FILTER_FLAG_TSYNC
 	}
-	_, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
+	r, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(raw)
+	if errno == 0 && r != 0 {
+		// With TSYNC, the id of a thread that could not be synchronized.
+		return fmt.Errorf("seccomp: thread %d could not take the filter", r)
+	}
 	if errno != 0 {
 		hint := ""
 		if errno == unix.EINVAL || errno == unix.ENOSYS {
