@@ -55,8 +55,9 @@ func StartFiltered(cmd *exec.Cmd, level string) error {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the runtime ends this thread with the goroutine,
-		// and hands thread creation to a clean one meanwhile.
+		// Never unlocked: the runtime ends this thread with the goroutine
+		// (or, if it is the main thread, parks it for good), and hands
+		// thread creation to a clean one meanwhile.
 		runtime.LockOSThread()
 		if err := installSeccomp(level, false); err != nil {
 			errc <- err
