@@ -137,13 +137,14 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(argv) == 0 {
 		argv = []string{self, "agent"}
 	}
+	builtIn := *agentName == "" && isBuiltInAgent(argv, self)
 	var agentEnv []string
 	if *agentName != "" {
 		if argv, agentEnv, err = installAgent(*agentName, *agentModules, *agentBaseURL, *agentKey, *model, *dataDir); err != nil {
 			return err
 		}
 	}
-	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv,
+	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv, AgentNests: builtIn,
 		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
 		MaxPausedRuns: *maxPaused, MaxPausedPerCaller: *maxPerCaller, SessionIdleTTL: *sessionTTL, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
 		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
@@ -305,4 +306,19 @@ func knownAgents() []string {
 		out = append(out, p.Name)
 	}
 	return out
+}
+
+// isBuiltInAgent reports whether argv runs this binary's own agent (which
+// makes jails of its own for manual-mode commands, and so is started
+// without the strict syscall filter it puts on them).
+func isBuiltInAgent(argv []string, self string) bool {
+	if len(argv) < 2 || argv[1] != "agent" {
+		return false
+	}
+	a, err := os.Stat(argv[0])
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(self)
+	return err == nil && os.SameFile(a, b)
 }

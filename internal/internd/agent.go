@@ -22,6 +22,7 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd/acptap"
+	"github.com/cohort-dev/cohort/internal/jail"
 )
 
 // agentGen numbers agent processes, so a session knows whether the agent
@@ -148,7 +149,11 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	if err := cmd.Start(); err != nil {
+	level := jail.SeccompStrict
+	if d.cfg.AgentNests {
+		level = jail.SeccompOff // it has the daemon's own, and filters its commands
+	}
+	if err := jail.StartFiltered(cmd, level); err != nil {
 		return nil, "", fmt.Errorf("start agent: %w", err)
 	}
 	a := &agentProc{gen: agentGen.Add(1), cmd: cmd, done: make(chan struct{}), stdin: stdin}

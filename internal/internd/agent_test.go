@@ -211,6 +211,15 @@ func (a *testAgent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.Prompt
 	case "len":
 		a.say(ctx, sid, "", strconv.Itoa(len([]rune(text))))
 		return endTurn(), nil
+	case "seccomp":
+		// The agent process's own syscall filters, as the kernel counts them.
+		status, _ := os.ReadFile("/proc/self/status")
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
+				a.say(ctx, sid, "", strings.TrimSpace(v))
+			}
+		}
+		return endTurn(), nil
 	case "env":
 		a.say(ctx, sid, "", "["+os.Getenv(rest)+"]")
 		return endTurn(), nil

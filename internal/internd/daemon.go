@@ -52,6 +52,11 @@ type Config struct {
 	AgentCommand []string
 	// AgentEnv is added to the agent's environment.
 	AgentEnv []string
+	// AgentNests marks the built-in agent, which makes jails of its own
+	// for manual-mode commands: it keeps the daemon's syscall filter and
+	// puts the strict one on every command it runs. Any other agent starts
+	// under the strict filter (jail.SeccompStrict).
+	AgentNests bool
 	// Model is the model configured on the intern, passed to the agent.
 	Model string
 	// InteractionDeadline is how long a question waits (default 5 minutes).

@@ -115,6 +115,7 @@ func runInit() {
 		fail("limits", err, "")
 	}
 	if s.Probe {
+		probeSeccomp(s)
 		os.Exit(0)
 	}
 
@@ -449,7 +450,8 @@ func startProgram(s *Spec, privileged bool, nfiles int, out *os.File) int {
 		sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: ProgramUID, HostID: 0, Size: 1}}
 		sys.Credential = &syscall.Credential{Uid: ProgramUID, Gid: ProgramUID, NoSetGroups: true}
 	}
-	pid, err := syscall.ForkExec(argv0, s.Argv, &syscall.ProcAttr{Dir: orDefault(s.Dir, "/"), Env: s.Env, Files: files, Sys: sys})
+	path, argv := confineProgram(s, sys, argv0)
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{Dir: orDefault(s.Dir, "/"), Env: s.Env, Files: files, Sys: sys})
 	if err != nil {
 		fail("start "+s.Argv[0], err, "")
 	}

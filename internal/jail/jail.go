@@ -127,6 +127,9 @@ type Spec struct {
 	// Limits bound the jail's memory, processes, CPU share, tmpfs and file
 	// size (limits.go).
 	Limits Limits `json:"limits,omitempty"`
+	// Seccomp is the syscall filter on the program: SeccompStrict (the
+	// default), SeccompNested or SeccompOff.
+	Seccomp string `json:"seccomp,omitempty"`
 
 	// Set by Start, read by the init.
 	privileged bool
@@ -217,7 +220,7 @@ func (s *Spec) check() error {
 	if s.Orphan < 0 {
 		return errors.New("jail: negative orphan timeout")
 	}
-	return nil
+	return checkSeccomp(s.Seccomp)
 }
 
 // SystemBinds are the host's read-only directories that programs need to

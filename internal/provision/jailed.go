@@ -89,6 +89,10 @@ type JailConfig struct {
 	// show them: the data directory, the KEK, the database, the binary's
 	// directory.
 	Hide []string
+	// NoSeccomp leaves the daemon's jail without its syscall filter
+	// (jail.SeccompOff): for measuring what the filter costs. Agents and
+	// commands still get theirs.
+	NoSeccomp bool
 	// Orphan is how long the local provisioner's jails run on without a
 	// gateway: a gateway that starts within it adopts them, their runs
 	// (paused ones included) intact. 0 stops them with their gateway.
@@ -203,6 +207,13 @@ func (o DaemonJail) Spec() jail.Spec {
 		Relays: relays,
 		UID:    uid, GID: uid, Hostname: "intern",
 		Limits: o.Limits,
+		// The built-in agent runs manual-mode commands in jails of its
+		// own; the daemon and it put the strict filter on every other
+		// agent and command (docs/decisions.md, "Seccomp").
+		Seccomp: jail.SeccompNested,
+	}
+	if o.NoSeccomp {
+		spec.Seccomp = jail.SeccompOff
 	}
 	if o.Control != "" {
 		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)

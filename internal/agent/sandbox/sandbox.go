@@ -140,7 +140,12 @@ func runDirect(ctx context.Context, s Spec, out *capped) (int, error) {
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	// A background child holding the pipes open must not hold us past the kill.
 	cmd.WaitDelay = 2 * time.Second
-	err := cmd.Run()
+	// The strict syscall filter: no namespaces, mounts, ptrace, bpf, … for
+	// anything the model runs (the agent itself may make jails).
+	if err := jail.StartFiltered(cmd, jail.SeccompStrict); err != nil {
+		return -1, fmt.Errorf("sandbox: start: %w", err)
+	}
+	err := cmd.Wait()
 	code := -1
 	if cmd.ProcessState != nil {
 		code = cmd.ProcessState.ExitCode()

@@ -133,3 +133,35 @@ func TestEnvironScrubsCredentials(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 }
+
+// Whatever the model runs, direct or confined, is under the strict syscall
+// filter: no user namespace (which would give it uid 0 and mount rights in
+// its own), no ptrace.
+func TestCommandsAreFiltered(t *testing.T) {
+	for _, confined := range []bool{false, true} {
+		if confined {
+			needSandbox(t)
+		}
+		for _, c := range []string{"unshare -Ur id -u", "unshare -m true", "strace -f -o /dev/null true"} {
+			if strings.HasPrefix(c, "strace") && !haveCommand("strace") {
+				continue
+			}
+			res, err := sandbox.Run(context.Background(), sandbox.Spec{Command: c + " 2>&1; echo status=$?", Dir: t.TempDir(), Confined: confined})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(res.Output, "status=0") || !strings.Contains(res.Output, "ermitted") {
+				t.Errorf("confined=%v: %s: %q, want refused (Operation not permitted)", confined, c, res.Output)
+			}
+		}
+	}
+}
+
+func haveCommand(name string) bool {
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return true
+		}
+	}
+	return false
+}
