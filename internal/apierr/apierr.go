@@ -41,6 +41,30 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Cause }
 
+// Retry-After values (seconds) of refusals whose end is not known in
+// advance: docs/decisions.md, "Hostile input and outages".
+const (
+	// RetryBusySession: another turn runs in the session (409 busy).
+	RetryBusySession = 1
+	// RetryPaused: the paused runs of an intern, or of its caller, are at
+	// their bound (503 busy); a slot frees when a question is answered,
+	// cancelled or expires.
+	RetryPaused = 5
+	// RetryNoRoom: every awake intern is busy and the host runs as many
+	// as it may (503 busy on a wake).
+	RetryNoRoom = 5
+	// RetryUnavailable: something the request needs (the database, an
+	// identity provider) did not answer (503).
+	RetryUnavailable = 2
+)
+
+// Retry returns a copy of e that says when to retry (Retry-After).
+func (e *Error) Retry(seconds int) *Error {
+	c := *e
+	c.RetryAfter = seconds
+	return &c
+}
+
 // New returns an error with a status, reason and client-safe message.
 func New(status int, reason, format string, args ...any) *Error {
 	return &Error{Status: status, Reason: reason, Message: fmt.Sprintf(format, args...)}

@@ -353,3 +353,33 @@ func otherOrgManagementKey(t *testing.T, e *env) string {
 	}
 	return k.GetKey()
 }
+
+// A refusal the caller may retry says when (Retry-After), whether the
+// daemon said so (passed on) or not (the gateway's default for it).
+func TestRetryableRefusalsSayWhen(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	prompt := userBody("hi")
+	cases := []struct {
+		name   string
+		err    error
+		status int
+		retry  string
+	}{
+		{"paused runs at their bound, daemon says 7", apierr.ToConnect(apierr.New(503, "busy", "full").Retry(7)), 503, "7"},
+		{"paused runs at their bound, daemon says nothing", refuse(503, "busy"), 503, "5"},
+		{"busy session", refuse(409, "busy"), 409, "1"},
+		{"paused share as first event", nil, 503, "5"},
+	}
+	for _, c := range cases {
+		sc := events(c.err)
+		if c.err == nil {
+			sc = events(nil, finishedEv("", &interndv1.Finished{Reason: interndv1.Finished_REASON_ERROR, Code: 503, ErrorReason: "busy", Message: "one caller"}))
+		}
+		e.d.set(sc, sc)
+		status, body, h := e.chat(t, prompt)
+		if status != c.status || h.Get("Retry-After") != c.retry {
+			t.Errorf("%s: %d Retry-After %q, want %d %q: %s", c.name, status, h.Get("Retry-After"), c.status, c.retry, body)
+		}
+		e.d.waitEnded(t)
+	}
+}

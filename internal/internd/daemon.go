@@ -316,7 +316,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 		d.mu.Unlock()
 		return nil, apierr.BadRequest("caller must be at most 128 characters")
 	}
-	if err := d.pauseRoom(caller); err != nil {
+	if err := d.pauseRoom(); err != nil {
 		d.mu.Unlock()
 		return nil, err
 	}
@@ -336,7 +336,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	s.used = d.now()
 	if s.busy {
 		d.mu.Unlock()
-		return nil, apierr.Conflict("busy", "another turn is running in this session")
+		return nil, errSessionBusy
 	}
 	s.busy = true
 	d.mu.Unlock()
@@ -491,20 +491,20 @@ func errRunEnded(msg string) *apierr.Error {
 var _ = fmt.Sprintf
 
 var (
-	errPausedFull = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later")
-	errCallerFull = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later")
+	errPausedFull  = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
+	errCallerFull  = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
+	errSessionBusy = apierr.Conflict("busy", "another turn is running in this session").Retry(apierr.RetryBusySession)
 )
 
-// pauseRoom refuses a turn that could not pause: the intern's paused runs,
-// or the caller's, are at their bound.
-func (d *Daemon) pauseRoom(caller string) error {
+// pauseRoom refuses a turn that could not pause because the intern's
+// paused runs are at their bound. A caller at its own share still starts
+// turns: the share bounds pauses, not turns, and a run of that caller that
+// asks a question fails busy then (reservePause).
+func (d *Daemon) pauseRoom() error {
 	d.pmu.Lock()
 	defer d.pmu.Unlock()
 	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
 		return errPausedFull
-	}
-	if caller != "" && d.pausedBy[caller] >= d.cfg.MaxPausedPerCaller {
-		return errCallerFull
 	}
 	return nil
 }
