@@ -16,6 +16,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Error is a failure that a client may see.
@@ -104,11 +107,33 @@ func Conflict(reason, format string, args ...any) *Error {
 
 // Internal wraps an unexpected failure of something we depend on (an
 // outage: the database, a disk, a peer). The client sees only "internal
-// error". A cause that is a bug stays one.
+// error". A cause that is a bug stays one. A cause that says the database
+// is unavailable for now (RegisterUnavailable) is Unavailable instead.
 func Internal(cause error) *Error {
+	if f := unavailable.Load(); f != nil && !IsBug(cause) && (*f)(cause) {
+		return Unavailable(cause)
+	}
 	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause,
 		Bug: IsBug(cause)}
 }
+
+// ReasonUnavailable is the reason of Unavailable.
+const ReasonUnavailable = "unavailable"
+
+// Unavailable is the 503 of a request that failed because the database
+// could not be reached or was restarting: the client may retry (after
+// Retry-After); the request was not at fault.
+func Unavailable(cause error) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Reason: ReasonUnavailable,
+		Message: "the database is unavailable; retry shortly", Cause: cause, RetryAfter: RetryUnavailable}
+}
+
+var unavailable atomic.Pointer[func(error) bool]
+
+// RegisterUnavailable sets how Internal recognises a database that is
+// unavailable (internal/store registers its drivers' errors), so that
+// apierr itself links no driver.
+func RegisterUnavailable(f func(error) bool) { unavailable.Store(&f) }
 
 // Bug is a state that cannot happen: an invariant of our own code or data
 // that does not hold. The client sees what Internal shows (500, reason
@@ -131,6 +156,10 @@ func IsBug(err error) bool {
 // and path, or the Connect procedure).
 func LogFault(ctx context.Context, log *slog.Logger, e *Error, attrs ...slog.Attr) {
 	if log == nil || e == nil {
+		return
+	}
+	if e.Reason == ReasonUnavailable {
+		LogUnavailable(ctx, log, e.Cause)
 		return
 	}
 	msg := "request failed"
@@ -159,4 +188,27 @@ func From(err error) *Error {
 func Is(err error, status int, reason string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Status == status && e.Reason == reason
+}
+
+// outageGap is how long without a database failure ends an outage, for
+// LogUnavailable.
+const outageGap = 10 * time.Second
+
+var outage struct {
+	sync.Mutex
+	last time.Time // the latest failure
+}
+
+// LogUnavailable logs "database unavailable" once per outage, not once
+// per request: at the first failure, and again only after outageGap
+// without one. Each failed request is still in the access log (503).
+func LogUnavailable(ctx context.Context, log *slog.Logger, cause error) {
+	outage.Lock()
+	now := time.Now()
+	first := outage.last.IsZero() || now.Sub(outage.last) > outageGap
+	outage.last = now
+	outage.Unlock()
+	if first && log != nil {
+		log.ErrorContext(ctx, "database unavailable", "err", cause)
+	}
 }

@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -146,8 +149,17 @@ func (s *Server) routes() []route {
 // ready is /readyz: the database answers; a warning (interns unjailed)
 // is passed on.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	if err := s.DB.PingContext(r.Context()); err != nil {
-		s.Log.ErrorContext(r.Context(), "readiness check failed", "err", err)
+	err := s.DB.PingContext(r.Context())
+	// database/sql retries getting a connection, not its ping: a pooled
+	// connection whose backend was terminated fails the ping once and is
+	// dropped, so ping on another (a few may be dead after a restart).
+	for i := 0; i < 3 && errors.Is(err, driver.ErrBadConn); i++ {
+		err = s.DB.PingContext(r.Context())
+	}
+	if err != nil {
+		// Once per outage, not once per probe.
+		apierr.LogUnavailable(r.Context(), s.Log, err)
+		w.Header().Set("Retry-After", strconv.Itoa(apierr.RetryUnavailable))
 		rest.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 		return
 	}
