@@ -107,11 +107,14 @@ func Conflict(reason, format string, args ...any) *Error {
 
 // Internal wraps an unexpected failure of something we depend on (an
 // outage: the database, a disk, a peer). The client sees only "internal
-// error". A cause that is a bug stays one. A cause that says the database
-// is unavailable for now (RegisterUnavailable) is Unavailable instead.
+// error". A cause that is a bug stays one. A database error that says
+// what it is (RegisterClassifier: the database unavailable for now, text
+// it cannot store) is answered as that instead.
 func Internal(cause error) *Error {
-	if f := unavailable.Load(); f != nil && !IsBug(cause) && (*f)(cause) {
-		return Unavailable(cause)
+	if f := classify.Load(); f != nil && !IsBug(cause) {
+		if e := (*f)(cause); e != nil {
+			return e
+		}
 	}
 	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause,
 		Bug: IsBug(cause)}
@@ -128,12 +131,13 @@ func Unavailable(cause error) *Error {
 		Message: "the database is unavailable; retry shortly", Cause: cause, RetryAfter: RetryUnavailable}
 }
 
-var unavailable atomic.Pointer[func(error) bool]
+var classify atomic.Pointer[func(error) *Error]
 
-// RegisterUnavailable sets how Internal recognises a database that is
-// unavailable (internal/store registers its drivers' errors), so that
-// apierr itself links no driver.
-func RegisterUnavailable(f func(error) bool) { unavailable.Store(&f) }
+// RegisterClassifier sets how Internal recognises a database error that
+// is not a fault of ours (internal/store registers its drivers' errors:
+// Unavailable, or a 400 for text the database cannot hold), so that
+// apierr itself links no driver. f returns nil for any other error.
+func RegisterClassifier(f func(error) *Error) { classify.Store(&f) }
 
 // Bug is a state that cannot happen: an invariant of our own code or data
 // that does not hold. The client sees what Internal shows (500, reason

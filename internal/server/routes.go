@@ -230,7 +230,7 @@ func (s *Server) mux() (*http.ServeMux, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.Interceptor(procedures))
+	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.Interceptor(procedures), noNUL{})
 	for _, rt := range routes {
 		if rt.mount != nil {
 			limit := rt.maxBody

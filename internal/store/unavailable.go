@@ -18,9 +18,23 @@ import (
 )
 
 func init() {
-	// A request that failed because the database could not be reached
-	// answers 503 with Retry-After, not 500 internal (apierr.Internal).
-	apierr.RegisterUnavailable(Unavailable)
+	apierr.RegisterClassifier(classify)
+}
+
+// classify is what apierr.Internal answers for a database error that is
+// not a fault of ours: a request that failed because the database could
+// not be reached answers 503 with Retry-After; one whose text PostgreSQL
+// cannot hold (a NUL character, bytes that are not UTF-8, which SQLite
+// stores as they are) a 400, not 500 internal.
+func classify(err error) *apierr.Error {
+	if Unavailable(err) {
+		return apierr.Unavailable(err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "22021" || pe.Code == "22P05") {
+		return apierr.BadRequest("text must be UTF-8 without NUL characters").WithCause(err)
+	}
+	return nil
 }
 
 // Unavailable reports whether err says the database could not serve the
