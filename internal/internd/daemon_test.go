@@ -3,9 +3,12 @@ package internd_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
@@ -987,5 +990,71 @@ func wantRetryAfter(t testing.TB, err error, seconds int) {
 	t.Helper()
 	if got := apierr.FromConnect(err).RetryAfter; got != seconds {
 		t.Fatalf("Retry-After %d, want %d (%v)", got, seconds, err)
+	}
+}
+
+// Memory follows the live sessions, not how many there were: past
+// MaxIdleSessions (and a quarter) the least recently used leave memory
+// at once, long before SessionIdleTTL, and come back from disk.
+func TestIdleSessionsBounded(t *testing.T) {
+	t.Parallel()
+	cmd, agentEnv := agentCommand("load")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv = cmd, agentEnv
+		c.MaxIdleSessions = 4
+	})
+	first := ""
+	for i := range 20 {
+		evs, err := e.start(t, fmt.Sprintf("s%d", i), "whoami", selfDrive)
+		mustOK(t, err)
+		if i == 0 {
+			first = text(evs)
+		}
+	}
+	e.waitStatus(t, "sessions past the bound out of memory", func(s *pb.StatusResponse) bool {
+		return s.GetLiveSessions() <= 5
+	})
+	if st := e.status(t); st.GetSessions() != 20 {
+		t.Fatalf("status: %v", st)
+	}
+	// The oldest is read back from disk, the agent's session loaded again.
+	evs, err := e.start(t, "s0", "whoami", selfDrive)
+	mustOK(t, err)
+	if text(evs) != first {
+		t.Fatalf("after leaving memory: %q then %q", first, text(evs))
+	}
+}
+
+// The daemon's live heap after 2,000 one-turn sessions is where it was
+// after 500: what a forgotten session held (its runs, their contexts and
+// expiry timers) is released, not kept for FinishedRunTTL. Not parallel:
+// the heap is the process's.
+func TestSessionMemoryFlat(t *testing.T) {
+	cmd, agentEnv := agentCommand("load")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv = cmd, agentEnv
+		c.MaxIdleSessions = 64
+	})
+	live := func() uint64 {
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	n := 0
+	turns := func(upto int) {
+		for ; n < upto; n++ {
+			_, err := e.start(t, fmt.Sprintf("s%d", n), "whoami", selfDrive)
+			mustOK(t, err)
+		}
+	}
+	turns(500)
+	before := live()
+	turns(2000)
+	after := live()
+	t.Logf("live heap after 500 sessions %d KB, after 2,000 %d KB; %d in memory", before>>10, after>>10, e.status(t).GetLiveSessions())
+	// Unbounded, 1,500 sessions kept about 3 KB each (4.5 MB).
+	if after > before+1<<20 {
+		t.Fatalf("the live heap grew by %d KB over 1,500 sessions", (after-before)>>10)
 	}
 }
