@@ -123,7 +123,7 @@ func bodyLimit(d door, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := readBounded(w, r.Body, d.limit, wire, gz)
+		body, err := readBounded(w, r.Body, d.limit, wire, gz, r.ContentLength)
 		if err != nil {
 			var mb *http.MaxBytesError
 			switch {
@@ -148,9 +148,17 @@ func bodyLimit(d door, next http.Handler) http.Handler {
 var errInflatesPast = errors.New("body inflates past the limit")
 
 // readBounded reads at most wire bytes of body and, for gzip, at most
-// limit bytes of what they inflate to.
-func readBounded(w http.ResponseWriter, body io.ReadCloser, limit, wire int64, gz bool) ([]byte, error) {
+// limit bytes of what they inflate to. A plain body of a declared length
+// (already checked against wire) is read into one buffer of that size.
+func readBounded(w http.ResponseWriter, body io.ReadCloser, limit, wire int64, gz bool, declared int64) ([]byte, error) {
 	var src io.Reader = http.MaxBytesReader(w, body, wire)
+	if !gz && declared >= 0 {
+		b := make([]byte, declared)
+		if _, err := io.ReadFull(src, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
 	if gz {
 		zr, err := gzip.NewReader(src)
 		if err != nil {
