@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,12 @@ type Config struct {
 	// loads them again), so a client never prompts a session the agent
 	// forgot.
 	SessionIdleTTL time.Duration
+	// MaxSessions, with StateDir, bounds the sessions kept in memory
+	// (default 512): past a quarter more, the least recently prompted
+	// leave memory at once, as after SessionIdleTTL. It must exceed the
+	// client's own bound (the intern daemon keeps at most 320), for the
+	// reason SessionIdleTTL must.
+	MaxSessions int
 	// IdleTimeout bounds a model call's wait for its first byte and between
 	// chunks.
 	IdleTimeout time.Duration
@@ -99,6 +106,9 @@ func (c *Config) defaults() {
 	}
 	if c.SessionIdleTTL <= 0 {
 		c.SessionIdleTTL = 30 * time.Minute
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = 512
 	}
 	if c.MaxSteps <= 0 {
 		c.MaxSteps = DefaultMaxSteps
@@ -149,6 +159,7 @@ type Agent struct {
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session
 	sweep    sync.Once // starts forgetIdle
+	trimming atomic.Bool
 }
 
 var _ acp.Agent = (*Agent)(nil)
@@ -263,6 +274,7 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	a.mu.Lock()
 	a.sessions[s.id] = s
 	a.mu.Unlock()
+	a.trim()
 	if err := a.save(s); err != nil {
 		a.cfg.Logger.Warn("agent: persist session", "session", s.id, "err", err)
 	}
@@ -300,6 +312,7 @@ func (a *Agent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.
 	a.mu.Unlock()
 	remote := a.connectMCP(ctx, p.McpServers)
 	a.startForgetting()
+	a.trim()
 	s.mu.Lock()
 	s.mode = mode
 	old := s.mcp
@@ -506,23 +519,54 @@ func (a *Agent) startForgetting() {
 	})
 }
 
+// trim forgets, in the background, the least recently prompted sessions
+// past MaxSessions once they exceed it by a quarter (with a state
+// directory only: their files bring them back).
+func (a *Agent) trim() {
+	a.mu.Lock()
+	n := len(a.sessions)
+	a.mu.Unlock()
+	if a.cfg.StateDir == "" || n <= a.cfg.MaxSessions+a.cfg.MaxSessions/4 || !a.trimming.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer a.trimming.Store(false)
+		a.forget(time.Time{}, n-a.cfg.MaxSessions)
+	}()
+}
+
 // forgetIdle drops from memory the sessions without a prompt for
 // SessionIdleTTL, and closes their MCP connections; their files stay.
 func (a *Agent) forgetIdle() {
-	cutoff := time.Now().Add(-a.cfg.SessionIdleTTL)
+	a.forget(time.Now().Add(-a.cfg.SessionIdleTTL), 0)
+}
+
+// forget drops the sessions without a prompt since cutoff and, when
+// extra > 0, that many more of the least recently prompted (none with a
+// prompt running).
+func (a *Agent) forget(cutoff time.Time, extra int) {
 	a.mu.Lock()
-	var idle []*session
+	idle := make([]*session, 0, len(a.sessions))
 	for _, s := range a.sessions {
 		idle = append(idle, s)
 	}
 	a.mu.Unlock()
+	if extra > 0 {
+		used := make(map[*session]time.Time, len(idle))
+		for _, s := range idle {
+			s.mu.Lock()
+			used[s] = s.used
+			s.mu.Unlock()
+		}
+		slices.SortFunc(idle, func(x, y *session) int { return used[x].Compare(used[y]) })
+	}
 	forgotten := 0
 	for _, s := range idle {
 		if !s.turn.TryLock() { // a prompt is running
 			continue
 		}
 		s.mu.Lock()
-		stale := s.used.Before(cutoff)
+		stale := s.used.Before(cutoff) || forgotten < extra
 		tools := s.mcp
 		if stale {
 			s.mcp = nil

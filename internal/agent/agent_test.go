@@ -855,3 +855,32 @@ func TestIdleSessionsLeaveMemory(t *testing.T) {
 		t.Fatalf("history after leaving memory: %q", got)
 	}
 }
+
+// With a state directory, past MaxSessions (and a quarter) the least
+// recently prompted sessions leave memory at once, long before
+// SessionIdleTTL, and a later prompt brings one back from its file.
+func TestSessionsBounded(t *testing.T) {
+	state := t.TempDir()
+	h := start(t, agent.Config{StateDir: state, MaxSessions: 4}, nil)
+	first := h.session
+	h.mustPrompt(t, "remember this", agent.ModeSelfDrive)
+	for range 5 {
+		res, err := h.conn.NewSession(context.Background(), acp.NewSessionRequest{Cwd: h.dir, McpServers: []acp.McpServer{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.session = res.SessionId
+		h.mustPrompt(t, "hi", agent.ModeSelfDrive)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.logs.String(), `"msg":"agent: idle sessions left memory"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session left memory past the bound:\n%s", h.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.session = first
+	if resp := h.mustPrompt(t, "and this", agent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
+		t.Fatalf("prompt after leaving memory: %v", resp.StopReason)
+	}
+}

@@ -16,6 +16,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Error is a failure that a client may see.
@@ -40,6 +43,30 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Cause }
+
+// Retry-After values (seconds) of refusals whose end is not known in
+// advance: docs/decisions.md, "Hostile input and outages".
+const (
+	// RetryBusySession: another turn runs in the session (409 busy).
+	RetryBusySession = 1
+	// RetryPaused: the paused runs of an intern, or of its caller, are at
+	// their bound (503 busy); a slot frees when a question is answered,
+	// cancelled or expires.
+	RetryPaused = 5
+	// RetryNoRoom: every awake intern is busy and the host runs as many
+	// as it may (503 busy on a wake).
+	RetryNoRoom = 5
+	// RetryUnavailable: something the request needs (the database, an
+	// identity provider) did not answer (503).
+	RetryUnavailable = 2
+)
+
+// Retry returns a copy of e that says when to retry (Retry-After).
+func (e *Error) Retry(seconds int) *Error {
+	c := *e
+	c.RetryAfter = seconds
+	return &c
+}
 
 // New returns an error with a status, reason and client-safe message.
 func New(status int, reason, format string, args ...any) *Error {
@@ -80,11 +107,37 @@ func Conflict(reason, format string, args ...any) *Error {
 
 // Internal wraps an unexpected failure of something we depend on (an
 // outage: the database, a disk, a peer). The client sees only "internal
-// error". A cause that is a bug stays one.
+// error". A cause that is a bug stays one. A database error that says
+// what it is (RegisterClassifier: the database unavailable for now, text
+// it cannot store) is answered as that instead.
 func Internal(cause error) *Error {
+	if f := classify.Load(); f != nil && !IsBug(cause) {
+		if e := (*f)(cause); e != nil {
+			return e
+		}
+	}
 	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause,
 		Bug: IsBug(cause)}
 }
+
+// ReasonUnavailable is the reason of Unavailable.
+const ReasonUnavailable = "unavailable"
+
+// Unavailable is the 503 of a request that failed because the database
+// could not be reached or was restarting: the client may retry (after
+// Retry-After); the request was not at fault.
+func Unavailable(cause error) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Reason: ReasonUnavailable,
+		Message: "the database is unavailable; retry shortly", Cause: cause, RetryAfter: RetryUnavailable}
+}
+
+var classify atomic.Pointer[func(error) *Error]
+
+// RegisterClassifier sets how Internal recognises a database error that
+// is not a fault of ours (internal/store registers its drivers' errors:
+// Unavailable, or a 400 for text the database cannot hold), so that
+// apierr itself links no driver. f returns nil for any other error.
+func RegisterClassifier(f func(error) *Error) { classify.Store(&f) }
 
 // Bug is a state that cannot happen: an invariant of our own code or data
 // that does not hold. The client sees what Internal shows (500, reason
@@ -107,6 +160,10 @@ func IsBug(err error) bool {
 // and path, or the Connect procedure).
 func LogFault(ctx context.Context, log *slog.Logger, e *Error, attrs ...slog.Attr) {
 	if log == nil || e == nil {
+		return
+	}
+	if e.Reason == ReasonUnavailable {
+		LogUnavailable(ctx, log, e.Cause)
 		return
 	}
 	msg := "request failed"
@@ -135,4 +192,27 @@ func From(err error) *Error {
 func Is(err error, status int, reason string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Status == status && e.Reason == reason
+}
+
+// outageGap is how long without a database failure ends an outage, for
+// LogUnavailable.
+const outageGap = 10 * time.Second
+
+var outage struct {
+	sync.Mutex
+	last time.Time // the latest failure
+}
+
+// LogUnavailable logs "database unavailable" once per outage, not once
+// per request: at the first failure, and again only after outageGap
+// without one. Each failed request is still in the access log (503).
+func LogUnavailable(ctx context.Context, log *slog.Logger, cause error) {
+	outage.Lock()
+	now := time.Now()
+	first := outage.last.IsZero() || now.Sub(outage.last) > outageGap
+	outage.last = now
+	outage.Unlock()
+	if first && log != nil {
+		log.ErrorContext(ctx, "database unavailable", "err", cause)
+	}
 }

@@ -75,7 +75,8 @@ func FromConnect(err error) *Error {
 			continue
 		}
 		if det, ok := v.(*cohortv1.ErrorDetail); ok {
-			return &Error{Status: int(det.GetHttpStatus()), Reason: det.GetReason(), Message: ce.Message(), Cause: err}
+			return &Error{Status: int(det.GetHttpStatus()), Reason: det.GetReason(), Message: ce.Message(), Cause: err,
+				RetryAfter: retryAfter(ce)}
 		}
 	}
 	status := http.StatusInternalServerError
@@ -99,7 +100,17 @@ func FromConnect(err error) *Error {
 	case connect.CodeCanceled:
 		status = 499
 	}
-	return &Error{Status: status, Message: ce.Message(), Cause: err}
+	return &Error{Status: status, Message: ce.Message(), Cause: err, RetryAfter: retryAfter(ce)}
+}
+
+// retryAfter is the Retry-After (seconds) a Connect error carries, 0 when
+// none: a daemon's refusal passes it on to the gateway's caller.
+func retryAfter(ce *connect.Error) int {
+	n, err := strconv.Atoi(ce.Meta().Get("Retry-After"))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }
 
 // ConnectInterceptor maps every handler error to ToConnect, so handlers

@@ -302,7 +302,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	// A run that fails before any output is a refusal: the caller still gets
 	// a plain JSON error with the status the daemon gave.
 	if f := ev.GetFinished(); f != nil && f.GetReason() == interndv1.Finished_REASON_ERROR {
-		return nil, finishedError(f)
+		return nil, retryable(finishedError(f))
 	}
 	st.arm(s.eventTimeout())
 	st.translate(ev)
@@ -379,6 +379,23 @@ func daemonError(err error) *apierr.Error {
 	default:
 		return errRejected.WithCause(err)
 	}
+}
+
+// retryable gives a refusal the caller may retry a Retry-After when the
+// daemon sent none (an older daemon; a Finished event carries none).
+func retryable(e *apierr.Error) *apierr.Error {
+	if e.RetryAfter > 0 {
+		return e
+	}
+	switch {
+	case e.Status == http.StatusServiceUnavailable && e.Reason == "busy":
+		return e.Retry(apierr.RetryPaused)
+	case e.Status == http.StatusConflict && e.Reason == "busy":
+		return e.Retry(apierr.RetryBusySession)
+	case e.Status == http.StatusTooManyRequests:
+		return e.Retry(1)
+	}
+	return e
 }
 
 // finishedError is the error a Finished{ERROR|ENDED} event stands for.

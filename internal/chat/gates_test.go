@@ -41,8 +41,11 @@ func TestGates(t *testing.T) {
 				status, body, _ := e.post(t, key, e.InternID, ok)
 				wantRefusal(t, status, body, 401, "")
 			}
-			// Authentication comes before the body is read.
+			// The body's bound comes before authentication (a body past
+			// it is never read), and authentication before the body is read.
 			status, body, _ := e.post(t, "", e.InternID, padded(t, 1<<20+1))
+			wantRefusal(t, status, body, 413, "payload_too_large")
+			status, body, _ = e.post(t, "", e.InternID, `{"stream":false}`)
 			wantRefusal(t, status, body, 401, "")
 		})
 		t.Run("404 not_found for an intern the key cannot see", func(t *testing.T) {
@@ -92,7 +95,9 @@ func TestGates(t *testing.T) {
 			exec(t, db, "UPDATE organizations SET interns_programme = ? WHERE id = ?", false, e.OrganizationID)
 			defer exec(t, db, "UPDATE organizations SET interns_programme = ? WHERE id = ?", true, e.OrganizationID)
 			n := e.d.ncalls()
-			for _, body := range []string{ok, `{"stream":false}`, padded(t, 1<<20+1)} {
+			// (A body past the bound is 413 before anything: the bound is
+			// the spec's, the same for every caller.)
+			for _, body := range []string{ok, `{"stream":false}`} {
 				status, b, _ := e.chat(t, body)
 				eb := wantRefusal(t, status, b, 404, "")
 				if eb.Error.Message != "not found" {
@@ -352,4 +357,34 @@ func otherOrgManagementKey(t *testing.T, e *env) string {
 		t.Fatal(err)
 	}
 	return k.GetKey()
+}
+
+// A refusal the caller may retry says when (Retry-After), whether the
+// daemon said so (passed on) or not (the gateway's default for it).
+func TestRetryableRefusalsSayWhen(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	prompt := userBody("hi")
+	cases := []struct {
+		name   string
+		err    error
+		status int
+		retry  string
+	}{
+		{"paused runs at their bound, daemon says 7", apierr.ToConnect(apierr.New(503, "busy", "full").Retry(7)), 503, "7"},
+		{"paused runs at their bound, daemon says nothing", refuse(503, "busy"), 503, "5"},
+		{"busy session", refuse(409, "busy"), 409, "1"},
+		{"paused share as first event", nil, 503, "5"},
+	}
+	for _, c := range cases {
+		sc := events(c.err)
+		if c.err == nil {
+			sc = events(nil, finishedEv("", &interndv1.Finished{Reason: interndv1.Finished_REASON_ERROR, Code: 503, ErrorReason: "busy", Message: "one caller"}))
+		}
+		e.d.set(sc, sc)
+		status, body, h := e.chat(t, prompt)
+		if status != c.status || h.Get("Retry-After") != c.retry {
+			t.Errorf("%s: %d Retry-After %q, want %d %q: %s", c.name, status, h.Get("Retry-After"), c.status, c.retry, body)
+		}
+		e.d.waitEnded(t)
+	}
 }

@@ -112,7 +112,7 @@ func (s *Stream) refusal(err error) *apierr.Error {
 	case s.timedOut.Load():
 		return errTimeout.WithCause(err)
 	default:
-		return daemonError(err)
+		return retryable(daemonError(err))
 	}
 }
 

@@ -62,8 +62,11 @@ func TestDryRun(t *testing.T) {
 			t.Fatalf("expired: %v", r)
 		}
 		// Past the 16 KB bound: refused as a bad request, cheaply.
-		_, err := try(f.client.DryRun, mk, &cohortv1.DryRunRequest{PolicyId: f.policyID, SubjectToken: strings.Repeat(".", 1<<20)})
-		refusal(t, "1 MB of dots", err, connect.CodeInvalidArgument, "16384")
+		_, err := try(f.client.DryRun, mk, &cohortv1.DryRunRequest{PolicyId: f.policyID, SubjectToken: strings.Repeat(".", 20<<10)})
+		refusal(t, "20 KB of dots", err, connect.CodeInvalidArgument, "16384")
+		// Past the service's body bound (64 KiB): refused before it is decoded.
+		_, err = try(f.client.DryRun, mk, &cohortv1.DryRunRequest{PolicyId: f.policyID, SubjectToken: strings.Repeat(".", 1<<20)})
+		refusal(t, "1 MB of dots", err, connect.CodeResourceExhausted, "65536")
 		_, err = try(f.client.DryRun, mk, &cohortv1.DryRunRequest{PolicyId: "nope", SubjectToken: good})
 		refusal(t, "unknown policy", err, connect.CodeNotFound, "not found")
 		_, err = try(f.client.DryRun, f.WorkspaceKey, &cohortv1.DryRunRequest{PolicyId: f.policyID, SubjectToken: good})

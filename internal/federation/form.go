@@ -50,7 +50,7 @@ const invalidGrantDescription = "the subject token was not accepted for this fed
 var errInvalidGrant = apierr.New(http.StatusBadRequest, ReasonInvalidGrant, "%s", invalidGrantDescription)
 
 var errTemporarilyUnavailable = apierr.New(http.StatusServiceUnavailable, ReasonTemporarilyUnavailable,
-	"the identity provider's keys could not be fetched; retry shortly")
+	"the identity provider's keys could not be fetched; retry shortly").Retry(apierr.RetryUnavailable)
 
 // TokenRequest is a decoded exchange form.
 type TokenRequest struct {

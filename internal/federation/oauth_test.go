@@ -38,7 +38,7 @@ func TestOAuthBodiesFromAPIErrors(t *testing.T) {
 		{"invalid_scope", apierr.New(400, ReasonInvalidScope, "the only scope is inference"), 400,
 			`{"error":"invalid_scope","error_description":"the only scope is inference"}`, "", ""},
 		{"temporarily_unavailable", errTemporarilyUnavailable, 503,
-			`{"error":"temporarily_unavailable","error_description":"the identity provider's keys could not be fetched; retry shortly"}`, "", ""},
+			`{"error":"temporarily_unavailable","error_description":"the identity provider's keys could not be fetched; retry shortly"}`, "2", ""},
 		{"rate limited", tooMany, 429,
 			`{"error":"invalid_request","error_description":"too many token exchanges from this address; retry later"}`, "7", ""},
 		{"wrapped", errors.Join(errors.New("context"), errInvalidGrant), 400,

@@ -28,7 +28,12 @@ type REST struct{ S *Service }
 // "internal error".
 func writeOAuth(w http.ResponseWriter, r *http.Request, err error) {
 	e := apierr.From(err)
-	if !oauthReasons[e.Reason] {
+	if e.Reason == apierr.ReasonUnavailable {
+		// The database is unavailable: RFC 6749's temporarily_unavailable,
+		// with when to retry.
+		accesslog.LogFault(r, e)
+		e = apierr.New(http.StatusServiceUnavailable, ReasonTemporarilyUnavailable, "%s", e.Message).Retry(e.RetryAfter)
+	} else if !oauthReasons[e.Reason] {
 		accesslog.LogFault(r, e)
 		e = apierr.New(http.StatusInternalServerError, ReasonServerError, "internal error")
 	}

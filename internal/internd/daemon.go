@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,11 @@ type Config struct {
 	// (cohort agent: 30 minutes), so the agent never forgets a session the
 	// daemon still holds.
 	SessionIdleTTL time.Duration
+	// MaxIdleSessions bounds the sessions kept in memory (default 256):
+	// past a quarter more, the least recently used that no run uses leave
+	// memory at once, as after SessionIdleTTL, so that memory follows the
+	// live sessions, not how many there were in the last minutes.
+	MaxIdleSessions int
 	// InitTimeout bounds the agent's answer to initialize (default 30 s).
 	InitTimeout time.Duration
 	// CancelGrace is how long a cancelled turn waits for the agent to
@@ -120,6 +126,9 @@ func (c *Config) defaults() {
 	if c.InitTimeout <= 0 {
 		c.InitTimeout = 30 * time.Second
 	}
+	if c.MaxIdleSessions <= 0 {
+		c.MaxIdleSessions = 256
+	}
 	if c.CancelGrace <= 0 {
 		c.CancelGrace = 5 * time.Second
 	}
@@ -148,6 +157,7 @@ type Daemon struct {
 	agentID  string // name and version the agent reported
 	sessions map[string]*session
 	sweep    *time.Timer // forgetIdleSessions, every minute
+	trimming atomic.Bool // a trim past MaxIdleSessions is under way
 	byACP    map[string]*session
 	closed   bool
 
@@ -321,7 +331,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 		d.mu.Unlock()
 		return nil, apierr.BadRequest("caller must be at most 128 characters")
 	}
-	if err := d.pauseRoom(caller); err != nil {
+	if err := d.pauseRoom(); err != nil {
 		d.mu.Unlock()
 		return nil, err
 	}
@@ -341,7 +351,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	s.used = d.now()
 	if s.busy {
 		d.mu.Unlock()
-		return nil, apierr.Conflict("busy", "another turn is running in this session")
+		return nil, errSessionBusy
 	}
 	s.busy = true
 	d.mu.Unlock()
@@ -473,6 +483,7 @@ func (d *Daemon) turnDone(r *run, reply, end string) {
 	s.rec.UpdatedAt = now
 	head := *s.rec
 	d.mu.Unlock()
+	defer d.trimSessions()
 	err := d.store.update(head.ID, func(rec *sessionRecord) {
 		rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, now
 		if rec.CreatedAt.IsZero() {
@@ -496,20 +507,20 @@ func errRunEnded(msg string) *apierr.Error {
 var _ = fmt.Sprintf
 
 var (
-	errPausedFull = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later")
-	errCallerFull = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later")
+	errPausedFull  = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
+	errCallerFull  = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
+	errSessionBusy = apierr.Conflict("busy", "another turn is running in this session").Retry(apierr.RetryBusySession)
 )
 
-// pauseRoom refuses a turn that could not pause: the intern's paused runs,
-// or the caller's, are at their bound.
-func (d *Daemon) pauseRoom(caller string) error {
+// pauseRoom refuses a turn that could not pause because the intern's
+// paused runs are at their bound. A caller at its own share still starts
+// turns: the share bounds pauses, not turns, and a run of that caller that
+// asks a question fails busy then (reservePause).
+func (d *Daemon) pauseRoom() error {
 	d.pmu.Lock()
 	defer d.pmu.Unlock()
 	if int(d.paused.Load()) >= d.cfg.MaxPausedRuns {
 		return errPausedFull
-	}
-	if caller != "" && d.pausedBy[caller] >= d.cfg.MaxPausedPerCaller {
-		return errCallerFull
 	}
 	return nil
 }
@@ -553,31 +564,72 @@ func (d *Daemon) releasePause(caller string) {
 // detached. Their files stay; a later turn reads them again (and loads the
 // agent's session again), a late answer is told the question ended.
 func (d *Daemon) forgetIdleSessions() {
-	cutoff := d.now().Add(-d.cfg.SessionIdleTTL)
+	if d.forget(d.now().Add(-d.cfg.SessionIdleTTL), 0) > 0 {
+		// Give what they held back to the kernel now (at most once a
+		// sweep): the Go runtime would keep it for minutes.
+		debug.FreeOSMemory()
+	}
+	d.sweep.Reset(min(d.cfg.SessionIdleTTL/2, time.Minute))
+}
+
+// trimSessions forgets, in the background, the least recently used
+// sessions past MaxIdleSessions once they exceed it by a quarter (so a
+// trim runs once per so many new sessions, not on every turn).
+func (d *Daemon) trimSessions() {
+	d.mu.Lock()
+	n := len(d.sessions)
+	d.mu.Unlock()
+	if n <= d.cfg.MaxIdleSessions+d.cfg.MaxIdleSessions/4 || !d.trimming.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer d.trimming.Store(false)
+		d.forget(time.Time{}, n-d.cfg.MaxIdleSessions)
+	}()
+}
+
+// forget drops from memory the sessions used before cutoff and, when
+// extra > 0, that many more of the least recently used: only those no
+// turn is in or paused on, every run ended and detached. It returns how
+// many it dropped.
+func (d *Daemon) forget(cutoff time.Time, extra int) int {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return
+		return 0
 	}
 	type candidate struct {
 		s    *session
 		runs []*run
+		used time.Time
 	}
-	var idle []candidate
+	var idle, rest []candidate
 	for _, s := range d.sessions {
-		if !s.busy && s.used.Before(cutoff) {
-			idle = append(idle, candidate{s, append([]*run(nil), s.runs...)})
+		switch {
+		case s.busy:
+		case s.used.Before(cutoff):
+			idle = append(idle, candidate{s, append([]*run(nil), s.runs...), s.used})
+		case extra > 0:
+			rest = append(rest, candidate{s, append([]*run(nil), s.runs...), s.used})
 		}
 	}
 	d.mu.Unlock()
+	if extra > 0 {
+		slices.SortFunc(rest, func(a, b candidate) int { return a.used.Compare(b.used) })
+		idle = append(idle, rest...)
+	}
 	var gone []*session
 	for _, c := range idle {
 		s := c.s
+		if len(gone) >= extra && !c.used.Before(cutoff) {
+			continue
+		}
 		if !quiet(c.runs) { // runs' own locks, never under d.mu
 			continue
 		}
 		d.mu.Lock()
-		if d.sessions[s.rec.ID] == s && !s.busy && s.used.Before(cutoff) {
+		// Unused since it was picked: no turn came (and went) meanwhile.
+		if d.sessions[s.rec.ID] == s && !s.busy && s.used.Equal(c.used) {
 			delete(d.sessions, s.rec.ID)
 			if acp := s.rec.ACPSessionID; acp != "" && d.byACP[acp] == s {
 				delete(d.byACP, acp)
@@ -591,15 +643,13 @@ func (d *Daemon) forgetIdleSessions() {
 		for _, r := range s.runs {
 			r.mu.Lock()
 			r.log.forget() // no one can attach any more
+			if r.expiry != nil {
+				r.expiry.Stop()
+			}
 			r.mu.Unlock()
 		}
 	}
-	if len(gone) > 0 {
-		// Give what they held back to the kernel now (at most once a
-		// sweep): the Go runtime would keep it for minutes.
-		debug.FreeOSMemory()
-	}
-	d.sweep.Reset(min(d.cfg.SessionIdleTTL/2, time.Minute))
+	return len(gone)
 }
 
 // quiet reports whether every run has ended and nobody reads it.

@@ -3,9 +3,12 @@ package internd_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
@@ -410,6 +413,7 @@ func TestBusySession(t *testing.T) {
 	}
 	_, err = e.start(t, "s", "hello", selfDrive)
 	wantErr(t, err, 409, "busy")
+	wantRetryAfter(t, err, apierr.RetryBusySession)
 	// A paused run holds its session too.
 	evs, err := e.start(t, "p", "perm", manual)
 	mustOK(t, err)
@@ -647,17 +651,19 @@ func TestMaxPausedRuns(t *testing.T) {
 		mustOK(t, err)
 		interactionOf(t, evs)
 	}
-	// Past it: refused before the stream.
+	// Past it: refused before the stream, with when to retry.
 	_, err := e.start(t, "c", "hello", selfDrive)
 	wantErr(t, err, 503, "busy")
+	wantRetryAfter(t, err, apierr.RetryPaused)
 	if st := e.status(t); st.GetPausedRuns() != 2 || st.GetLiveRuns() != 0 {
 		t.Fatalf("status: %v", st)
 	}
 }
 
-// One caller fills only its own share of the paused runs: its next turn
-// is refused 503 busy, other callers still start and pause, and answering
-// one of its runs gives it room again.
+// One caller fills only its own share of the paused runs: its turns that
+// do not pause still run, one that asks a question fails 503 busy, other
+// callers still start and pause, and answering one of its runs gives it
+// room again.
 func TestMaxPausedRunsPerCaller(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *internd.Config) { c.MaxPausedRuns = 10; c.MaxPausedPerCaller = 2 })
@@ -667,12 +673,20 @@ func TestMaxPausedRunsPerCaller(t *testing.T) {
 		mustOK(t, err)
 		ias = append(ias, interactionOf(t, evs).GetId())
 	}
-	_, err := e.startAs(t, "key:a", "a3", "hello", selfDrive)
-	wantErr(t, err, 503, "busy")
-	if ae := apierr.FromConnect(err); !strings.Contains(ae.Message, "one caller") {
-		t.Errorf("refusal %q does not say it is the caller's bound", ae.Message)
+	// The share is about pauses: a plain turn of the same caller runs.
+	evs, err := e.startAs(t, "key:a", "a3", "hello", selfDrive)
+	mustOK(t, err)
+	if f := evs[len(evs)-1].GetFinished(); f.GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("a plain turn at the caller's share: %v", f)
 	}
-	evs, err := e.startAs(t, "user:b", "b1", "perm", manual)
+	// A turn of it that would pause fails busy when it asks.
+	evs, err = e.startAs(t, "key:a", "a4", "perm", manual)
+	mustOK(t, err)
+	if f := evs[len(evs)-1].GetFinished(); f.GetReason() != pb.Finished_REASON_ERROR || f.GetCode() != 503 ||
+		f.GetErrorReason() != "busy" || !strings.Contains(f.GetMessage(), "one caller") {
+		t.Fatalf("a pausing turn past the caller's share: %v", f)
+	}
+	evs, err = e.startAs(t, "user:b", "b1", "perm", manual)
 	mustOK(t, err)
 	interactionOf(t, evs)
 	if st := e.status(t); st.GetPausedRuns() != 3 {
@@ -681,9 +695,10 @@ func TestMaxPausedRunsPerCaller(t *testing.T) {
 	// Answering one of its runs gives the caller room again.
 	_, err = e.answer(t, "a1", ias[0], "allow_once")
 	mustOK(t, err)
-	evs, err = e.startAs(t, "key:a", "a3", "hello", selfDrive)
+	evs, err = e.startAs(t, "key:a", "a5", "perm", manual)
 	mustOK(t, err)
-	if st := e.status(t); st.GetPausedRuns() != 2 {
+	interactionOf(t, evs)
+	if st := e.status(t); st.GetPausedRuns() != 3 {
 		t.Fatalf("after an answer: %v", st)
 	}
 	// A caller name of 128 characters is taken; 129 is a bad request.
@@ -970,5 +985,79 @@ func TestStatusReportsIdleTime(t *testing.T) {
 	clock.Add(5 * time.Second)
 	if got := e.status(t).GetIdleMs(); got != 5_000 {
 		t.Fatalf("idle 5 s after a turn: %d ms", got)
+	}
+}
+
+// wantRetryAfter checks a daemon refusal says when to retry, in seconds.
+func wantRetryAfter(t testing.TB, err error, seconds int) {
+	t.Helper()
+	if got := apierr.FromConnect(err).RetryAfter; got != seconds {
+		t.Fatalf("Retry-After %d, want %d (%v)", got, seconds, err)
+	}
+}
+
+// Memory follows the live sessions, not how many there were: past
+// MaxIdleSessions (and a quarter) the least recently used leave memory
+// at once, long before SessionIdleTTL, and come back from disk.
+func TestIdleSessionsBounded(t *testing.T) {
+	t.Parallel()
+	cmd, agentEnv := agentCommand("load")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv = cmd, agentEnv
+		c.MaxIdleSessions = 4
+	})
+	first := ""
+	for i := range 20 {
+		evs, err := e.start(t, fmt.Sprintf("s%d", i), "whoami", selfDrive)
+		mustOK(t, err)
+		if i == 0 {
+			first = text(evs)
+		}
+	}
+	e.waitStatus(t, "sessions past the bound out of memory", func(s *pb.StatusResponse) bool {
+		return s.GetLiveSessions() <= 5
+	})
+	if st := e.status(t); st.GetSessions() != 20 {
+		t.Fatalf("status: %v", st)
+	}
+	// The oldest is read back from disk, the agent's session loaded again.
+	evs, err := e.start(t, "s0", "whoami", selfDrive)
+	mustOK(t, err)
+	if text(evs) != first {
+		t.Fatalf("after leaving memory: %q then %q", first, text(evs))
+	}
+}
+
+// The daemon's live heap after 2,000 one-turn sessions is where it was
+// after 500: what a forgotten session held (its runs, their contexts and
+// expiry timers) is released, not kept for FinishedRunTTL. Not parallel:
+// the heap is the process's.
+func TestSessionMemoryFlat(t *testing.T) {
+	cmd, agentEnv := agentCommand("load")
+	e := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv = cmd, agentEnv
+		c.MaxIdleSessions = 64
+	})
+	live := func() uint64 {
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	n := 0
+	turns := func(upto int) {
+		for ; n < upto; n++ {
+			_, err := e.start(t, fmt.Sprintf("s%d", n), "whoami", selfDrive)
+			mustOK(t, err)
+		}
+	}
+	turns(500)
+	before := live()
+	turns(2000)
+	after := live()
+	t.Logf("live heap after 500 sessions %d KB, after 2,000 %d KB; %d in memory", before>>10, after>>10, e.status(t).GetLiveSessions())
+	// Unbounded, 1,500 sessions kept about 3 KB each (4.5 MB).
+	if after > before+1<<20 {
+		t.Fatalf("the live heap grew by %d KB over 1,500 sessions", (after-before)>>10)
 	}
 }

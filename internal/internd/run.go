@@ -35,6 +35,9 @@ type run struct {
 	mode   pb.ApprovalMode
 	prompt string
 	caller string // who started it (StartTurnRequest.caller)
+	// expiry forgets an ended run's events after FinishedRunTTL; stopped
+	// when its session leaves memory first, so nothing holds the run.
+	expiry *time.Timer
 	// ctx governs the agent's session/prompt call; abort abandons it when
 	// the agent does not confirm a cancellation in time.
 	ctx   context.Context
@@ -195,11 +198,14 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 	r.mu.Unlock()
 	// An ended run's events are for a consumer that reconnects soon; after
 	// a while only its outcome (for late answers) is kept.
-	time.AfterFunc(d.cfg.FinishedRunTTL, func() {
+	expiry := time.AfterFunc(d.cfg.FinishedRunTTL, func() {
 		r.mu.Lock()
 		r.log.forget()
 		r.mu.Unlock()
 	})
+	r.mu.Lock()
+	r.expiry = expiry
+	r.mu.Unlock()
 	if !wasPaused {
 		d.live.Add(-1)
 	}

@@ -186,6 +186,10 @@ func (s *Service) Load(ctx context.Context, p *auth.Principal, id string) (*stor
 	if err := checkCaller(p); err != nil {
 		return nil, err
 	}
+	if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
+		// No intern has such an id (and PostgreSQL refuses it as text).
+		return nil, apierr.NotFound("intern not found")
+	}
 	var in store.Intern
 	err := s.DB.NewSelect().Model(&in).Where("?TableAlias.id = ?", id).
 		Where(visibleRule("?TableAlias", "?", "?", "?"), p.OrganizationID, p.IsManagement(), p.WorkspaceID).
@@ -258,7 +262,13 @@ func (pl Preloaded) Get(p *auth.Principal) (*store.Intern, error) {
 func (s *Service) Authenticate(ctx context.Context, a *auth.Authenticator, header, id string) (*auth.Principal, Preloaded, error) {
 	var in store.Intern
 	var found bool
-	p, err := a.BearerJoin(ctx, header, visible, id, &found, &in.ID, &in.OrganizationID, &in.WorkspaceID,
+	joinID := id
+	if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
+		// No intern has such an id, and PostgreSQL refuses it as text:
+		// look up none (a 404 on both databases).
+		joinID = ""
+	}
+	p, err := a.BearerJoin(ctx, header, visible, joinID, &found, &in.ID, &in.OrganizationID, &in.WorkspaceID,
 		&in.Name, &in.Model, &in.Agent, &in.State, &in.CreatedBy, &in.DaemonURL, &in.DaemonSecret, &in.Provisioner)
 	if err != nil {
 		return nil, Preloaded{}, err

@@ -37,7 +37,7 @@ const (
 
 // ErrNoRoom is the refusal of a wake when every awake intern is busy and
 // the fleet is at MaxAwake.
-var ErrNoRoom = apierr.New(http.StatusServiceUnavailable, "busy", "every awake intern is busy and this host runs as many as it may; retry later")
+var ErrNoRoom = apierr.New(http.StatusServiceUnavailable, "busy", "every awake intern is busy and this host runs as many as it may; retry later").Retry(apierr.RetryNoRoom)
 
 // fleet is the provisioner's reconciler state (local mode).
 type fleet struct {

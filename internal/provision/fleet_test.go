@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -262,10 +263,13 @@ func TestMaxAwakeEvictsTheLeastRecentlyUsed(t *testing.T) {
 	for _, id := range []string{a, c} {
 		chatTurn(t, e, id, `{"stream":true,"approval_mode":"manual","messages":[{"role":"user","content":"$ true"}]}`)
 	}
-	status, body, _ := e.Do(t, "POST", "/interns/"+b+"/chat/completions", e.WorkspaceKey, "application/json",
+	status, body, h := e.Do(t, "POST", "/interns/"+b+"/chat/completions", e.WorkspaceKey, "application/json",
 		`{"stream":true,"messages":[{"role":"user","content":"hello b"}]}`)
 	if status != 503 || !strings.Contains(body, `"reason":"busy"`) {
 		t.Fatalf("wake at the cap with every intern busy: %d %s", status, body)
+	}
+	if h.Get("Retry-After") != strconv.Itoa(apierr.RetryNoRoom) {
+		t.Fatalf("wake at the cap: Retry-After %q", h.Get("Retry-After"))
 	}
 	if state(t, db, b) != store.InternSleeping {
 		t.Fatalf("the refused wake changed b: %s", state(t, db, b))

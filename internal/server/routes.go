@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -34,6 +38,13 @@ type route struct {
 	// reasons: the route family's error bodies carry metadata.reason
 	// (chat, vault), also for refusals of its access.
 	reasons bool
+	// maxBody bounds a REST route's request body before anything reads it
+	// (bodyLimit); 0: the route reads no body. A Connect service's bound
+	// is maxBody, or DefaultMaxBody.
+	maxBody int64
+	// selfBounded: the handler bounds its body and refuses encodings
+	// itself, before it looks at a credential (/oauth/token).
+	selfBounded bool
 
 	// service is a Connect service's full name, and mount its handler
 	// with the gateway's options.
@@ -73,7 +84,7 @@ func (s *Server) routes() []route {
 		{service: cohortv1connect.WorkspaceServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, o...)
 		}},
-		{pattern: "POST " + Prefix + "/workspaces", access: apiKeys, handler: ws.Create},
+		{pattern: "POST " + Prefix + "/workspaces", access: apiKeys, maxBody: workspaces.MaxBody, handler: ws.Create},
 
 		{service: cohortv1connect.AdminServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewAdminServiceHandler(accounts.AdminHandler{S: s.Accounts}, o...)
@@ -82,7 +93,7 @@ func (s *Server) routes() []route {
 			return cohortv1connect.NewInternServiceHandler(interns.Handler{S: s.Interns}, o...)
 		}},
 
-		{service: cohortv1connect.VaultServiceName, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+		{service: cohortv1connect.VaultServiceName, maxBody: vault.MaxBody, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return vault.NewConnectHandler(s.Vault, o...)
 		}, procedures: map[string]auth.Access{
 			cohortv1connect.VaultServicePutInternSecretProcedure:       vaultWrite,
@@ -99,20 +110,20 @@ func (s *Server) routes() []route {
 		{service: cohortv1connect.InternGatewayServiceName, access: public, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return vault.NewGatewayHandler(s.Vault, o...)
 		}},
-		{pattern: "PUT " + Prefix + "/vault/interns/{internId}/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.Put},
+		{pattern: "PUT " + Prefix + "/vault/interns/{internId}/secrets/{name}", access: vaultWrite, reasons: true, maxBody: vault.MaxBody, handler: vr.Put},
 		{pattern: "DELETE " + Prefix + "/vault/interns/{internId}/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.DeleteIntern},
 		{pattern: "GET " + Prefix + "/vault/interns/{internId}/secrets", access: vaultRead, reasons: true, handler: vr.ListIntern},
-		{pattern: "PUT " + Prefix + "/vault/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.PutWorkspace},
+		{pattern: "PUT " + Prefix + "/vault/secrets/{name}", access: vaultWrite, reasons: true, maxBody: vault.MaxBody, handler: vr.PutWorkspace},
 		{pattern: "DELETE " + Prefix + "/vault/secrets/{name}", access: vaultWrite, reasons: true, handler: vr.DeleteWorkspace},
 		{pattern: "GET " + Prefix + "/vault/secrets", access: vaultRead, reasons: true, handler: vr.ListWorkspace},
 		// Every other path under /vault/ passes the same gates, so that a
 		// caller outside the programme gets the same plain 404 there too.
 		{pattern: Prefix + "/vault/", access: vaultRead, reasons: true, handler: vr.Other},
 
-		{service: cohortv1connect.ChatServiceName, access: inference, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
-			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, append(o, connect.WithReadMaxBytes(chat.MaxBody))...)
+		{service: cohortv1connect.ChatServiceName, access: inference, maxBody: chat.MaxBody, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, o...)
 		}},
-		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, handler: chatREST.Completions},
+		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: chat.MaxBody, handler: chatREST.Completions},
 
 		{service: cohortv1connect.FederationServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, o...)
@@ -120,7 +131,7 @@ func (s *Server) routes() []route {
 		// Every method reaches the token handler, so that even a 405
 		// carries its no-store headers and OAuth error body. The subject
 		// token is the credential.
-		{pattern: Prefix + "/oauth/token", access: public, handler: fed.Token},
+		{pattern: Prefix + "/oauth/token", access: public, maxBody: federation.MaxTokenBody, selfBounded: true, handler: fed.Token},
 		// Public like any JWKS: resource servers verifying our tokens hold no API key.
 		{pattern: "GET " + Prefix + "/oauth/jwks", access: public, handler: fed.JWKS},
 
@@ -138,8 +149,17 @@ func (s *Server) routes() []route {
 // ready is /readyz: the database answers; a warning (interns unjailed)
 // is passed on.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	if err := s.DB.PingContext(r.Context()); err != nil {
-		s.Log.ErrorContext(r.Context(), "readiness check failed", "err", err)
+	err := s.DB.PingContext(r.Context())
+	// database/sql retries getting a connection, not its ping: a pooled
+	// connection whose backend was terminated fails the ping once and is
+	// dropped, so ping on another (a few may be dead after a restart).
+	for i := 0; i < 3 && errors.Is(err, driver.ErrBadConn); i++ {
+		err = s.DB.PingContext(r.Context())
+	}
+	if err != nil {
+		// Once per outage, not once per probe.
+		apierr.LogUnavailable(r.Context(), s.Log, err)
+		w.Header().Set("Retry-After", strconv.Itoa(apierr.RetryUnavailable))
 		rest.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 		return
 	}
@@ -210,20 +230,33 @@ func (s *Server) mux() (*http.ServeMux, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.Interceptor(procedures))
+	opts := connect.WithInterceptors(apierr.ConnectInterceptor(s.Log), s.Auth.Interceptor(procedures), noNUL{})
 	for _, rt := range routes {
 		if rt.mount != nil {
-			path, h := rt.mount(opts)
+			limit := rt.maxBody
+			if limit == 0 {
+				limit = DefaultMaxBody
+			}
+			// connect-go's own bound is for streamed messages; a unary
+			// body reaches it already bounded and inflated (bodyLimit).
+			path, h := rt.mount(opts, connect.WithReadMaxBytes(int(limit)))
 			if admits(rt) {
 				// The caller checks may read the request's host.
 				h = auth.WithHost(h)
 			}
-			mux.Handle(Prefix+path, http.StripPrefix(Prefix, h))
+			d := door{limit: limit, connect: true, procedures: map[string]bool{}}
+			for proc := range procedures {
+				if strings.HasPrefix(proc, path) {
+					d.procedures[proc] = true
+				}
+			}
+			mux.Handle(Prefix+path, http.StripPrefix(Prefix, bodyLimit(d, h)))
 			continue
 		}
 		reasons := rt.reasons
 		writeErr := func(w http.ResponseWriter, r *http.Request, err error) { rest.WriteError(w, r, err, reasons) }
-		mux.Handle(rt.pattern, s.Auth.Handler(rt.access, writeErr, rt.handler))
+		d := door{limit: rt.maxBody, reasons: reasons, self: rt.selfBounded}
+		mux.Handle(rt.pattern, bodyLimit(d, s.Auth.Handler(rt.access, writeErr, rt.handler)))
 	}
 	return mux, nil
 }
