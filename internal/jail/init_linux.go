@@ -581,6 +581,11 @@ func bind(b Bind) error {
 	if err := mountPoint(dst, st.IsDir()); err != nil {
 		return err
 	}
+	// Mounted elsewhere than its host path: not named in mountinfo (a
+	// kernel without overlays by descriptor gets the plain bind).
+	if b.Src != b.Dst && bindUnnamed(b, src, dst, st.IsDir()) == nil {
+		return nil
+	}
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func modesGateway() error {
 	if err := jail.RemoveAll(filepath.Join(work, "d")); err != nil {
 		return fmt.Errorf("remove the program's directory: %w", err)
 	}
-	fmt.Printf("HOSTIDS %d %d\nREPORT %s", uid, gid, b)
+	fmt.Printf("HOSTIDS %d %d\nREPORT %s\nSTDERR %s\n", uid, gid, b, stderr.String())
 	return nil
 }
 
@@ -140,8 +140,11 @@ func TestJailOfAnUnprivilegedCaller(t *testing.T) {
 		os.Chown(f.path, f.uid, f.gid)
 		os.Chmod(f.path, f.mode)
 	}
-	work := filepath.Join(dir, "work")
-	os.Mkdir(work, 0o700)
+	// The work directory's parent is the caller's, as a gateway's data
+	// directory is: a writable bind keeps its overlay's work beside it.
+	work := filepath.Join(dir, "home", "work")
+	os.MkdirAll(work, 0o700)
+	os.Chown(filepath.Dir(work), u.UID, u.GID)
 	os.Chown(work, u.UID, u.GID)
 	bin := copySelf(t, dir)
 
@@ -195,7 +198,7 @@ func TestJailOfAnUnprivilegedCaller(t *testing.T) {
 	checkEtc(t, r.Etc)
 	for _, host := range []string{dir, u.Name} {
 		if strings.Contains(r.Mountinfo, host) {
-			t.Errorf("mountinfo shows the host path %s:\n%s", host, r.Mountinfo)
+			t.Errorf("mountinfo shows the host path %s:\n%s\n%s", host, r.Mountinfo, out)
 		}
 	}
 }

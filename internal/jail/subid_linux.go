@@ -277,8 +277,13 @@ func Chown(dir string, uid, gid int) error {
 }
 
 // RemoveAll removes path and everything in it, including what a jail's
-// program (a subordinate id of a caller that is not root) made there.
+// program (a subordinate id of a caller that is not root) made there, and
+// the work directory of its writable bind (WorkDir).
 func RemoveAll(path string) error {
+	return errors.Join(removeAll(path), removeAll(WorkDir(path)))
+}
+
+func removeAll(path string) error {
 	err := os.RemoveAll(path)
 	if err == nil || os.Geteuid() == 0 || !errors.Is(err, fs.ErrPermission) {
 		return err
