@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -297,7 +298,10 @@ func TestNonRootGatewayWithoutARangeRefuses(t *testing.T) {
 	u := testutil.NewUser(t, "cnr", false)
 	dataDir := userDir(t, u, "data")
 	bin := openBinary(t)
-	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--provisioner", "local")
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	// (A gateway that does not refuse runs until the timeout kills it.)
+	cmd := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--provisioner", "local")
 	cmd.Dir = dataDir
 	cmd.Env = append(cleanEnv(), "HOME="+dataDir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
