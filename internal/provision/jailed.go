@@ -379,7 +379,7 @@ func (p *Provisioner) ProbeJail() error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer jail.RemoveAll(dir) // and its overlay's work directory
 	dj, err := p.daemonJail("probe", "", "", dir, self)
 	if err != nil {
 		return err
