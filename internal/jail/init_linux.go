@@ -103,6 +103,11 @@ func runInit() {
 		if err := unix.Setresuid(uid, uid, uid); err != nil {
 			fail("set uid", err, "")
 		}
+		// A change of credentials clears the parent-death signal: a jail
+		// without Control still ends with its caller.
+		if s.Control == "" {
+			unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
+		}
 	}
 	// No program of the jail gains privileges by exec (setuid binaries,
 	// file capabilities), and none can read the init's memory.

@@ -273,4 +273,55 @@ func copySelf(t *testing.T, dir string) string {
 	return bin
 }
 
-var _ = time.Second
+
+// A jail without Control ends with its caller, though its init changed
+// its credentials (which clears the parent-death signal): the caller is
+// killed, the init must follow. As root (a dedicated uid) and as a user
+// with a range.
+func TestJailEndsWithItsCaller(t *testing.T) {
+	if os.Getenv("JAILTEST_AS") == "caller" {
+		j, err := jail.Start(jail.Spec{Argv: []string{"/bin/sleep", "60"}, Binds: jail.SystemBinds(), UID: 2000000001, GID: 2000000001, SubID: 3},
+			jail.Options{})
+		if err != nil {
+			fmt.Println("ERROR", err)
+			return
+		}
+		fmt.Printf("INIT %d\n", j.Pid())
+		time.Sleep(time.Minute)
+		return
+	}
+	needNamespaces(t)
+	u := testutil.NewUser(t, "cjd", true)
+	dir := openDir(t)
+	bin := copySelf(t, dir)
+	for _, who := range []string{"root", "user"} {
+		t.Run(who, func(t *testing.T) {
+			cmd := exec.Command(bin, "-test.run=^TestJailEndsWithItsCaller$")
+			cmd.Env = []string{"JAILTEST_AS=caller", "PATH=" + os.Getenv("PATH")}
+			if who == "user" {
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
+			}
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, _ := bufio.NewReader(out).ReadString('\n')
+			var pid int
+			if _, err := fmt.Sscanf(line, "INIT %d", &pid); err != nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("caller: %q", line)
+			}
+			time.Sleep(200 * time.Millisecond) // the init has dropped its credentials
+			cmd.Process.Kill()
+			cmd.Wait()
+			if !testutil.Poll(5*time.Second, func() bool {
+				_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+				return err != nil
+			}) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("the jail's init (pid %d) outlived its killed caller", pid)
+			}
+		})
+	}
+}
