@@ -273,7 +273,6 @@ func copySelf(t *testing.T, dir string) string {
 	return bin
 }
 
-
 // A jail without Control ends with its caller, though its init changed
 // its credentials (which clears the parent-death signal): the caller is
 // killed, the init must follow. As root (a dedicated uid) and as a user
