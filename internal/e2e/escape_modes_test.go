@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/modelserver"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -308,5 +310,32 @@ func TestNonRootGatewayWithoutARangeRefuses(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !regexp.MustCompile(`usermod --add-subuids`).Match(out) {
 		t.Fatalf("serve without a subordinate range: %v\n%s", err, tail(string(out), 3000))
+	}
+}
+
+// The known third-party agents run behind a gateway that is not root: a
+// text turn each, their modules bound, the agent an id of the gateway
+// user's range.
+func TestThirdPartyAgentsNonRootGateway(t *testing.T) {
+	u := testutil.NewUser(t, "cag", true)
+	bin := openBinary(t)
+	for _, p := range agents.All() {
+		t.Run(p.Name, func(t *testing.T) {
+			modules := requireAgent(t, p)
+			a := &agentGateway{script: &script{agent: p.Name}, key: randomCanary("provider-key")}
+			a.model = modelserver.Start(t, a.script.reply)
+			dataDir := userDir(t, u, "data")
+			a.c = &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
+			a.gw = startAs(t, u, bin, dataDir, "gateway", nil, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir,
+				"--provisioner", "local", "--jail-orphan-timeout", "0", "--log-level", "info",
+				"--agent-modules", modules, "--agent-endpoint", p.Name+"=http://model.localhost:"+a.model.Addr[strings.LastIndex(a.model.Addr, ":")+1:])
+			a.c.load(t)
+			a.intern = createAgentIntern(t, a.gw, a.c.WK, p.Name)
+			a.putSecret(t, p.KeySecret, "model.localhost", a.key)
+			s := a.turn(t, "cohort-say: hello from the test")
+			if s.Finish != "stop" || !strings.Contains(s.Text, "echo: hello from the test") {
+				t.Fatalf("text turn: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+		})
 	}
 }
