@@ -16,11 +16,17 @@
 //     namespace, the init is root only while it builds the view, and the
 //     program runs as a dedicated unprivileged host uid (Spec.UID) with no
 //     capabilities. Mounts made by the host's root cannot be undone by it.
-//   - otherwise (or Spec.UserNS): a user namespace maps the jail's root to
-//     the caller's uid, and the program runs as uid 1000 of a nested user
-//     namespace, so it holds no capability over the mounts either. This is
-//     also how a jailed, unprivileged agent makes a stricter jail inside its
-//     own (Spec.Inherit).
+//   - otherwise: a user namespace maps the jail's root to the caller's uid
+//     and uid 1000 to an id of the caller's subordinate ranges (/etc/subuid
+//     and /etc/subgid, written by newuidmap and newgidmap; see
+//     subid_linux.go); the init drops the caller's groups and runs, like
+//     the program, as uid 1000, which is never the caller's host user.
+//     Without a range, Start refuses and says how to add one.
+//   - a jail in a jail (Spec.Inherit), and root with Spec.UserNS: the user
+//     namespace maps only the caller's uid, and the program runs as uid
+//     1000 of a nested user namespace, so it holds no capability over the
+//     mounts. This is how a jailed, unprivileged agent makes a stricter
+//     jail inside its own.
 //
 // Relays are the only way out of the network namespace: the init listens on
 // 127.0.0.1:Port inside the jail and hands every accepted connection, with
