@@ -266,10 +266,9 @@ for p in glob.glob("/proc/*/fd/*"):
     except Exception as e:
         pass
     try:
-        l = os.readlink(p)
-        if l.startswith("/") and not l.startswith(("/dev/", "/proc/", "/tmp/", "/intern")): print("host-" + "file", p, l)
+        print(p, os.readlink(p))
     except Exception:
-        pass' 2>&1`, success: []string{"took-over", "host-file"}},
+        pass' 2>&1 | head -c 20000`, success: append([]string{"took-over"}, tg.hostPath...)},
 				{name: "leave a file as the gateway's user", command: "touch /intern/agent-owned 2>&1"},
 			}
 			canaries := map[string]string{"etc": canary}
