@@ -350,3 +350,55 @@ func BenchmarkJailStart(b *testing.B) {
 		}
 	}
 }
+
+// A Control jail of a caller that is not root outlives it, and the next
+// process of the same user takes it over (a gateway restart).
+func TestControlJailOfAnUnprivilegedCaller(t *testing.T) {
+	switch os.Getenv("JAILTEST_AS") {
+	case "first":
+		j, err := jail.Start(jail.Spec{Argv: []string{"/bin/sleep", "60"}, Binds: jail.SystemBinds(), SubID: 5,
+			Control: os.Getenv("JAILTEST_CONTROL"), Orphan: 30 * time.Second, Tag: "the-tag"}, jail.Options{})
+		if err != nil {
+			fmt.Println("ERROR", err)
+			return
+		}
+		fmt.Println("STARTED", j.Pid())
+		return
+	case "next":
+		j, err := jail.Attach(os.Getenv("JAILTEST_CONTROL"), nil)
+		if err != nil {
+			fmt.Println("ERROR", err)
+			return
+		}
+		fmt.Println("ATTACHED", j.Tag())
+		j.Kill()
+		<-j.Done()
+		return
+	}
+	needNamespaces(t)
+	u := testutil.NewUser(t, "cjc", true)
+	dir := openDir(t)
+	bin := copySelf(t, dir)
+	ctl := filepath.Join(dir, "jails")
+	os.Mkdir(ctl, 0o700)
+	os.Chown(ctl, u.UID, u.GID)
+	as := func(role string) string {
+		cmd := exec.Command(bin, "-test.run=^TestControlJailOfAnUnprivilegedCaller$")
+		cmd.Env = []string{"JAILTEST_AS=" + role, "JAILTEST_CONTROL=" + filepath.Join(ctl, "j.sock"), "PATH=" + os.Getenv("PATH")}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
+		out, _ := cmd.CombinedOutput()
+		return string(out)
+	}
+	out := as("first")
+	var pid int
+	if _, err := fmt.Sscanf(out, "STARTED %d", &pid); err != nil {
+		t.Fatalf("first caller: %s", out)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if out := as("next"); !strings.HasPrefix(out, "ATTACHED the-tag") {
+		t.Fatalf("the next caller: %s", out)
+	}
+	if !testutil.Poll(5*time.Second, func() bool { _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); return err != nil }) {
+		t.Fatal("the jail did not end when the next caller killed it")
+	}
+}
