@@ -93,16 +93,26 @@ func runInit() {
 		lns = append(lns, ln)
 	}
 
-	// From here on the init holds no privilege it does not need.
-	if w.Privileged {
+	// From here on the init holds no privilege it does not need: it runs
+	// as the program's user, with none of the caller's groups.
+	uid, gid := s.UID, s.GID
+	if w.SubIDs {
+		uid, gid = ProgramUID, ProgramUID
+	}
+	if w.Privileged || w.SubIDs {
 		if err := unix.Setgroups(nil); err != nil {
 			fail("drop groups", err, "")
 		}
-		if err := unix.Setresgid(s.GID, s.GID, s.GID); err != nil {
+		if err := unix.Setresgid(gid, gid, gid); err != nil {
 			fail("set gid", err, "")
 		}
-		if err := unix.Setresuid(s.UID, s.UID, s.UID); err != nil {
+		if err := unix.Setresuid(uid, uid, uid); err != nil {
 			fail("set uid", err, "")
+		}
+		// A change of credentials clears the parent-death signal: a jail
+		// without Control still ends with its caller.
+		if s.Control == "" {
+			unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
 		}
 	}
 	// No program of the jail gains privileges by exec (setuid binaries,
@@ -149,7 +159,7 @@ func runInit() {
 		go ctl.forward(r)
 	}
 
-	pid := startProgram(s, w.Privileged, w.Descriptors, out)
+	pid := startProgram(s, w.Privileged || w.SubIDs, w.Descriptors, out)
 	if out != nil {
 		out.Close()
 	}
@@ -560,6 +570,9 @@ func setattr(path string, recursive bool, attr uint64) error {
 // the same symlink (merged /usr: /bin → usr/bin).
 func bind(b Bind) error {
 	src, dst := "/oldroot"+b.Src, "/newroot"+b.Dst
+	if b.Copy {
+		return copyTree(src, dst, b.Optional)
+	}
 	lst, err := os.Lstat(src)
 	if err != nil {
 		if b.Optional && errors.Is(err, os.ErrNotExist) {
@@ -583,6 +596,11 @@ func bind(b Bind) error {
 	}
 	if err := mountPoint(dst, st.IsDir()); err != nil {
 		return err
+	}
+	// Mounted elsewhere than its host path: not named in mountinfo (a
+	// kernel without overlays by descriptor gets the plain bind).
+	if b.Src != b.Dst && bindUnnamed(b, src, dst, st.IsDir()) == nil {
+		return nil
 	}
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return err

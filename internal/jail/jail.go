@@ -16,11 +16,17 @@
 //     namespace, the init is root only while it builds the view, and the
 //     program runs as a dedicated unprivileged host uid (Spec.UID) with no
 //     capabilities. Mounts made by the host's root cannot be undone by it.
-//   - otherwise (or Spec.UserNS): a user namespace maps the jail's root to
-//     the caller's uid, and the program runs as uid 1000 of a nested user
-//     namespace, so it holds no capability over the mounts either. This is
-//     also how a jailed, unprivileged agent makes a stricter jail inside its
-//     own (Spec.Inherit).
+//   - otherwise: a user namespace maps the jail's root to the caller's uid
+//     and uid 1000 to an id of the caller's subordinate ranges (/etc/subuid
+//     and /etc/subgid, written by newuidmap and newgidmap; see
+//     subid_linux.go); the init drops the caller's groups and runs, like
+//     the program, as uid 1000, which is never the caller's host user.
+//     Without a range, Start refuses and says how to add one.
+//   - a jail in a jail (Spec.Inherit), and root with Spec.UserNS: the user
+//     namespace maps only the caller's uid, and the program runs as uid
+//     1000 of a nested user namespace, so it holds no capability over the
+//     mounts. This is how a jailed, unprivileged agent makes a stricter
+//     jail inside its own.
 //
 // Relays are the only way out of the network namespace: the init listens on
 // 127.0.0.1:Port inside the jail and hands every accepted connection, with
@@ -63,6 +69,10 @@ type Bind struct {
 	Writable bool `json:"writable,omitempty"`
 	// Optional skips a source that does not exist.
 	Optional bool `json:"optional,omitempty"`
+	// Copy copies the source into the jail's root instead of mounting it:
+	// its directories, symlinks and regular files that every user may read,
+	// nothing else (what only an owner or a group may read stays out).
+	Copy bool `json:"copy,omitempty"`
 }
 
 // File is a file the init writes into the jail (read-only), e.g. an
@@ -109,6 +119,10 @@ type Spec struct {
 	GID int `json:"gid,omitempty"`
 	// UserNS forces the user-namespace way even for root.
 	UserNS bool `json:"userns,omitempty"`
+	// SubID picks, for a caller that is not root, which id of its
+	// subordinate uid and gid ranges (/etc/subuid, /etc/subgid) the program
+	// runs as: the range's start plus SubID modulo its size (see HostIDs).
+	SubID int `json:"subid,omitempty"`
 	// Hostname inside the jail ("intern" when empty).
 	Hostname string `json:"hostname,omitempty"`
 	// Probe builds the jail and exits 0 without running a program: the
@@ -224,14 +238,30 @@ func (s *Spec) check() error {
 }
 
 // SystemBinds are the host's read-only directories that programs need to
-// run (binaries, libraries, /etc for certificates, users and resolver
-// settings). Missing ones are skipped; merged-/usr links are kept as links.
+// run (binaries, libraries), and of /etc the entries of EtcAllowlist,
+// copied. Missing ones are skipped; merged-/usr links are kept as links.
 func SystemBinds() []Bind {
 	var out []Bind
-	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"} {
+	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
 		out = append(out, Bind{Src: p, Dst: p, Optional: true})
 	}
+	for _, p := range EtcAllowlist {
+		out = append(out, Bind{Src: "/etc/" + p, Dst: "/etc/" + p, Optional: true, Copy: true})
+	}
 	return out
+}
+
+// EtcAllowlist is what of the host's /etc a jail shows (besides the
+// passwd and group files a Spec writes): resolver and name service
+// settings, certificates, time zone, the dynamic linker's cache, the
+// alternatives links programs are reached through, MIME types. The
+// host's accounts, its services' settings and secrets stay out.
+var EtcAllowlist = []string{
+	"resolv.conf", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "services", "protocols",
+	"ssl", "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies",
+	"localtime", "timezone",
+	"ld.so.conf", "ld.so.conf.d", "ld.so.cache",
+	"alternatives", "mime.types", "os-release", "inputrc", "gitconfig",
 }
 
 // Messages between the init and its caller, one per packet

@@ -21,6 +21,10 @@ import (
 type wire struct {
 	Spec
 	Privileged bool `json:"privileged"`
+	// SubIDs: the init drops to ProgramUID, which maps to a subordinate id
+	// of the caller (see subid_linux.go), instead of a nested namespace
+	// mapping the program to the caller.
+	SubIDs bool `json:"subids,omitempty"`
 	// Descriptors is how many descriptors, from fdFirst on, are the program's.
 	Descriptors int `json:"descriptors"`
 }
@@ -36,6 +40,14 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	w := wire{Spec: spec, Privileged: os.Geteuid() == 0 && !spec.UserNS, Descriptors: len(o.Files)}
 	if w.Privileged && (spec.UID <= 0 || spec.GID <= 0) {
 		return nil, errors.New("jail: a root caller must name the program's unprivileged uid and gid")
+	}
+	var maps idMaps
+	if !w.Privileged && usesRange(spec) {
+		var err error
+		if maps, err = programMaps(spec); err != nil {
+			return nil, err
+		}
+		w.SubIDs = true
 	}
 	payload, err := json.Marshal(w)
 	if err != nil {
@@ -95,7 +107,14 @@ func Start(spec Spec, o Options) (*Jail, error) {
 	if o.Stderr != nil {
 		cmd.Stderr = o.Stderr
 	}
-	if !w.Privileged {
+	switch {
+	case w.SubIDs:
+		// newuidmap writes the maps once the init has started: until then
+		// its uid is unmapped, and only ambient capabilities survive its
+		// exec. It reads the spec only after the maps are written.
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.AmbientCaps = ambientCaps()
+	case !w.Privileged:
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
 		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
 		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
@@ -106,6 +125,17 @@ func Start(spec Spec, o Options) (*Jail, error) {
 			conn.Close()
 		}
 		return nil, fmt.Errorf("jail: start: %w%s", err, startHint(err))
+	}
+	if w.SubIDs {
+		if err := maps.write(cmd.Process.Pid); err != nil {
+			specW.Close()
+			if conn != nil {
+				conn.Close()
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			return nil, err
+		}
 	}
 	// The init waits for its spec: it is in the jail's cgroups before
 	// it does anything else.

@@ -116,8 +116,43 @@ func (c JailConfig) Check() error {
 				return fmt.Errorf("--jail-ro-bind %s is inside %s, which jails never show (the gateway's data or binary directory): move it elsewhere", ro, h)
 			}
 		}
+		if err := WorldReadable(abs); err != nil {
+			return fmt.Errorf("--jail-ro-bind %s: %w", ro, err)
+		}
 	}
 	return nil
+}
+
+// WorldReadable refuses a tree a jail would show that holds something only
+// its owner or group may read (a directory every user cannot list and
+// enter, a file every user cannot read): a jail shows nothing of the kind,
+// and an operator's bind is no exception. A missing path is no error (the
+// bind is optional).
+func WorldReadable(root string) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		need := fs.FileMode(0o004)
+		if info.IsDir() {
+			need = 0o005
+		}
+		if info.Mode().Perm()&need != need {
+			return fmt.Errorf("%s (mode %v) is not readable by every user, and a jail shows only what is: make it so, or bind another path", path, info.Mode().Perm())
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // jailUID is the dedicated host uid (and gid) of an intern's jail when the
@@ -215,6 +250,11 @@ func (o DaemonJail) Spec() jail.Spec {
 	if o.NoSeccomp {
 		spec.Seccomp = jail.SeccompOff
 	}
+	if os.Geteuid() != 0 {
+		// A gateway that is not root runs each intern as its own id of the
+		// gateway user's subordinate range, never as that user.
+		spec.SubID = jailUID(o.InternID)
+	}
 	if o.Control != "" {
 		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)
 	}
@@ -248,10 +288,7 @@ func jailTag(spec jail.Spec) string {
 // jail (stdout and stderr otherwise).
 func (o DaemonJail) Start(listener *os.File, secret string, stdout, stderr *os.File, output io.Writer) (*jail.Jail, error) {
 	spec := o.Spec()
-	if err := os.MkdirAll(filepath.Join(o.HostDir, "home"), 0o700); err != nil {
-		return nil, err
-	}
-	if err := ownDir(o.HostDir, spec.UID); err != nil {
+	if err := ownDir(o.HostDir, spec); err != nil {
 		return nil, fmt.Errorf("give the intern's directory to its jail: %w", err)
 	}
 	sr, sw, err := os.Pipe()
@@ -357,12 +394,17 @@ func (p *Provisioner) ProbeJail() error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer jail.RemoveAll(dir) // and its overlay's work directory
 	dj, err := p.daemonJail("probe", "", "", dir, self)
 	if err != nil {
 		return err
 	}
 	dj.Control = ""
+	if p.Agents.Modules != "" {
+		if err := WorldReadable(p.Agents.Modules); err != nil {
+			return fmt.Errorf("the agents' modules: %w", err)
+		}
+	}
 	spec := dj.Spec()
 	if os.Geteuid() == 0 {
 		if err := os.Chown(dir, spec.UID, spec.GID); err != nil {
@@ -387,12 +429,15 @@ func (p *Provisioner) selfCommand() ([]string, error) {
 	return []string{self}, nil
 }
 
-// ownDir gives the intern's directory to its jail's user (root gateway):
-// only when its owner is not already that user, so a restart costs one
-// stat.
-func ownDir(dir string, uid int) error {
-	if os.Geteuid() != 0 {
-		return nil
+// ownDir gives the intern's directory (with a home in it) to its jail's
+// user: a dedicated uid (root gateway) or an id of the gateway user's
+// subordinate range (jail.HostIDs); only when its owner is not already
+// that user, so a restart costs one stat. (Once given, a gateway that is
+// not root can no longer enter it: jail.RemoveAll removes it.)
+func ownDir(dir string, spec jail.Spec) error {
+	uid, gid, err := jail.HostIDs(spec)
+	if err != nil {
+		return err
 	}
 	st, err := os.Stat(dir)
 	if err != nil {
@@ -401,12 +446,13 @@ func ownDir(dir string, uid int) error {
 	if owner(st) == uid {
 		return nil
 	}
-	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, uid)
-	})
+	if err := os.MkdirAll(filepath.Join(dir, "home"), 0o700); err != nil {
+		return err
+	}
+	if uid == os.Geteuid() {
+		return nil
+	}
+	return jail.Chown(dir, uid, gid)
 }
 
 // startJailed starts the intern's daemon in its jail, on a listener of the

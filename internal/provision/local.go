@@ -111,7 +111,8 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 			go func() {
 				s.stop()
 				if in.State == store.InternDeleted {
-					os.RemoveAll(p.internDir(in.ID))
+					// What its jail made belongs to the jail's user.
+					jail.RemoveAll(p.internDir(in.ID))
 				}
 			}()
 		}
