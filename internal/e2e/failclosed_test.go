@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -18,7 +19,9 @@ import (
 // onMachineWithoutUserNamespaces runs `cohort serve` as an unprivileged
 // user on a machine that allows no user namespaces: the gateway runs in a
 // user namespace of its own whose limit (user.max_user_namespaces, which
-// each user namespace has) is 0, as an unprivileged uid.
+// each user namespace has) is 0, as an unprivileged uid. The user has a
+// subordinate id range, so that what the refusal names is the missing
+// namespaces (a user without one is refused first for that).
 func onMachineWithoutUserNamespaces(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -38,7 +41,8 @@ func onMachineWithoutUserNamespaces(t *testing.T, args ...string) *exec.Cmd {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	script := `echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --reuid 65534 --regid 65534 --clear-groups -- "$@"`
+	u := testutil.NewUser(t, "cfc", true)
+	script := fmt.Sprintf(`echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --reuid %d --regid %d --clear-groups -- "$@"`, u.UID, u.GID)
 	cmd := exec.Command("sh", append([]string{"-c", script, "sh", bin, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(cleanEnv(), "HOME="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
