@@ -164,7 +164,7 @@ func gatewaySessions(ctx context.Context, cohort, dir string, at []int, parallel
 	}
 
 	mib := func(v float64) string { return fmt.Sprintf("%.1f", v/(1<<20)) }
-	fmt.Fprintf(stdout, "one-turn sessions through the gateway's chat API (%d at once), after %d warm-up turns; figures in MiB, read %s after each count\n", parallel, warm, settle)
+	fmt.Fprintf(stdout, "one-turn sessions through the gateway's chat API (%d at once), after %d warm-up turns; figures in MiB, read %s after each count; took: the turns since the previous count\n", parallel, warm, settle)
 	fmt.Fprintf(stdout, "%-9s %-9s %-17s %-17s %-17s %-17s %-13s %-11s %-19s %s\n", "sessions", "took", "gateway RSS/PSS", "daemon RSS/PSS", "agent RSS/PSS",
 		"jail init RSS/PSS", "gateway heap", "goroutines", "fds gw/daemon/agent", "other processes")
 	for _, r := range rows {
