@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -153,5 +154,39 @@ func TestBenchSessions(t *testing.T) {
 	o := out.String()
 	if !regexp.MustCompile(`after the idle TTLs\s+\S+ MiB\s+\S+ MiB\s+0\n`).MatchString(o) || !strings.Contains(o, "sessions kept: 41") {
 		t.Fatalf("output:\n%s", o)
+	}
+}
+
+// TestBenchSessionsGateway runs the sessions load command through a real
+// gateway, small: a row per count with every process measured, and no
+// process left under the gateway but the jail's init, daemon and agent.
+func TestBenchSessionsGateway(t *testing.T) {
+	bin := cohortBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errs strings.Builder
+	if err := benchSessions(ctx, []string{"--cohort", bin, "--gateway", "--at", "30,60", "--parallel", "4", "--settle", "0s"}, &out, &errs); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
+	}
+	o := out.String()
+	for _, n := range []string{"0", "30", "60"} {
+		// sessions, took, then four RSS / PSS cells (none zero), heap,
+		// goroutines, descriptors, and no other process.
+		cell := `[1-9][0-9.]* / [1-9][0-9.]*\s+`
+		if !regexp.MustCompile(`(?m)^` + n + `\s+\S+\s+` + strings.Repeat(cell, 4) + `\S+\s+\d+\s+\d+/\d+/\d+\s+0$`).MatchString(o) {
+			t.Errorf("no row for %s sessions:\n%s", n, o)
+		}
+	}
+	if !strings.Contains(o, "RSS from 30 to 60 sessions") {
+		t.Errorf("output:\n%s", o)
+	}
+}
+
+func TestBenchSessionsRefusesBadCounts(t *testing.T) {
+	for _, at := range []string{"0", "100,50", "x", "10,10"} {
+		err := benchSessions(context.Background(), []string{"--gateway", "--at", at, "--cohort", "/nonexistent"}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--at") {
+			t.Errorf("--at %s: %v", at, err)
+		}
 	}
 }

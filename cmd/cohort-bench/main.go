@@ -5,7 +5,7 @@
 //
 //	go run ./cmd/cohort-bench chat         the chat path's figures (docs/benchmarks.md, Chat)
 //	go run ./cmd/cohort-bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
-//	go run ./cmd/cohort-bench sessions     a daemon's and its agent's memory over many sessions
+//	go run ./cmd/cohort-bench sessions     a daemon's and its agent's memory over many sessions (--gateway: and the gateway's, through its chat API)
 //	go run ./cmd/cohort-bench neighbour    a neighbour's latency beside an abusive intern; wakes with limits on and off
 //	go run ./cmd/cohort-bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	go run ./cmd/cohort-bench sse-serve    a bare Go SSE server, the reference (child)
@@ -37,7 +37,8 @@ const usage = `cohort-bench — load figures of a cohort binary (docs/benchmarks
 Usage:
   cohort-bench chat     [flags]  the chat path: time to first chunk, relay cost, throughput, idle streams
   cohort-bench fleet    [flags]  sleeping, waking and awake interns under one gateway
-  cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions
+  cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions;
+                                 --gateway: gateway, daemon and agent, through the chat API
   cohort-bench neighbour [flags] a neighbour's latency beside an abusive intern (limits per intern)
 
 Each takes --cohort PATH, the cohort binary to measure; without it ./cmd/cohort is

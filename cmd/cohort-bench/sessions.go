@@ -29,15 +29,38 @@ import (
 // the idle sessions have left memory.
 //
 //	cohort-bench sessions [--sessions 10000] [--idle-ttl 5s] [--cohort PATH]
+//
+// With --gateway the turns go through a gateway's chat API instead, and
+// the gateway's memory is measured too (gatewaySessions):
+//
+//	cohort-bench sessions --gateway [--at 1000,10000] [--parallel 4] [--settle 5s]
 func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cohort-bench sessions", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("sessions", 10000, "new sessions, one turn each")
 	parallel := fs.Int("parallel", 8, "turns at once")
 	ttl := fs.Duration("idle-ttl", 5*time.Second, "the daemon's session idle TTL (the agent's is twice it)")
+	viaGateway := fs.Bool("gateway", false, "through a gateway (cohort serve, the local provisioner, the demo intern): the memory of gateway, daemon and agent at each count of --at")
+	atFlag := fs.String("at", "1000,10000", "with --gateway, the session counts at which memory is read (after 0 too)")
+	settle := fs.Duration("settle", 5*time.Second, "with --gateway, the pause before each reading")
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *viaGateway {
+		at, err := parseCounts(*atFlag)
+		if err != nil {
+			return err
+		}
+		if *parallel < 1 {
+			return errors.New("sessions: want --parallel ≥ 1")
+		}
+		cohort, dir, err := benchDir(ctx, "sessions-gw", *cohortPath, stderr)
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		return gatewaySessions(ctx, cohort, dir, at, *parallel, *settle, stdout, stderr)
 	}
 	if *n < 1 || *parallel < 1 || *ttl <= 0 {
 		return errors.New("sessions: want --sessions ≥ 1, --parallel ≥ 1 and a positive --idle-ttl")
