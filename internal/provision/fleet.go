@@ -188,7 +188,7 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 	p.mu.Unlock()
 	for _, id := range gone {
 		in := store.Intern{ID: id, State: store.InternDeleted}
-		if err := p.DB.NewSelect().Model(&in).Column("id", "state", "model", "agent").Where("id = ?", id).Scan(ctx); err != nil && !errors.Is(err, errNoRows) {
+		if err := p.DB.NewSelect().Model(&in).Where("id = ?", id).Scan(ctx); err != nil && !errors.Is(err, errNoRows) {
 			return err
 		}
 		p.localChanged(&in)

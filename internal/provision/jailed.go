@@ -329,14 +329,17 @@ func (o DaemonJail) inJailUpstream() string {
 }
 
 // daemonJail is the provisioner's jail for an intern running the agent
-// named agent.
-func (p *Provisioner) daemonJail(id, model, agent, hostDir string, self []string) (DaemonJail, error) {
+// named agent, within the operator's limits and its own.
+func (p *Provisioner) daemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
 	run, err := p.agentFor(agent, true)
 	if err != nil {
 		return DaemonJail{}, err
 	}
 	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(p.daemonFlags(), run.flags...),
 		Control: p.controlPath(id), JailConfig: *p.Jail}
+	// In the jail's Spec, so in its tag: a jail of other limits is not
+	// adopted but replaced.
+	o.Limits = internLimits(p.Jail.Limits, own)
 	if run.upstream != "" {
 		o.Upstream, o.UpstreamKey = run.upstream, p.modelKey(id, run)
 	}
@@ -358,7 +361,7 @@ func (p *Provisioner) ProbeJail() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	dj, err := p.daemonJail("probe", "", "", dir, self)
+	dj, err := p.daemonJail("probe", "", "", store.InternLimits{}, dir, self)
 	if err != nil {
 		return err
 	}
@@ -427,7 +430,7 @@ func (s *supervisor) startJailed(dir string, logs *os.File) (started, error) {
 		return started{}, err
 	}
 	defer lf.Close()
-	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
+	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
 	if err != nil {
 		return started{}, err
 	}
@@ -463,7 +466,7 @@ func (s *supervisor) adopt(ctx context.Context, dir string, logs *os.File) (star
 	if err != nil {
 		return started{}, err
 	}
-	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
+	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
 	if err != nil {
 		return started{}, err
 	}
