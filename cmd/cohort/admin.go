@@ -41,9 +41,10 @@ type adminEnv struct {
 type adminFlags struct {
 	org, user, workspace, id, name, slug, email, role, kind, model, agent, description string
 	url, secretFile                                                                    string
+	internsProgramme, workloadIdentity, vaultWrites                                    bool
+
 	// An intern's own limits as written on the command line ("" not given).
 	memory, maxProcesses, cpuWeight, cpus, tmpfs, disk string
-	internsProgramme, workloadIdentity, vaultWrites                                    bool
 }
 
 // adminFlagHooks register the flags of command groups kept in their own

@@ -14,8 +14,10 @@ import (
 func TestAdminInternLimits(t *testing.T) {
 	t.Parallel()
 	for name, db := range map[string]func() []string{
-		"sqlite":   func() []string { return []string{"--data-dir", t.TempDir()} },
-		"postgres": func() []string { return []string{"--data-dir", t.TempDir(), "--database-url", storetest.PostgresURL(t)} },
+		"sqlite": func() []string { return []string{"--data-dir", t.TempDir()} },
+		"postgres": func() []string {
+			return []string{"--data-dir", t.TempDir(), "--database-url", storetest.PostgresURL(t)}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			db := db()
