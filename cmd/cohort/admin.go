@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 	"github.com/uptrace/bun"
 )
@@ -41,6 +42,9 @@ type adminFlags struct {
 	org, user, workspace, id, name, slug, email, role, kind, model, agent, description string
 	url, secretFile                                                                    string
 	internsProgramme, workloadIdentity, vaultWrites                                    bool
+
+	// An intern's own limits as written on the command line ("" not given).
+	memory, maxProcesses, cpuWeight, cpus, tmpfs, disk string
 }
 
 // adminFlagHooks register the flags of command groups kept in their own
@@ -234,12 +238,16 @@ var adminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ws)...)
 	}},
-	"intern create": {"--org ID --workspace ID --name N [--model M] [--agent A] [--user ID]", func(ctx context.Context, e *adminEnv) error {
+	"intern create": {"--org ID --workspace ID --name N [--model M] [--agent A] [--user ID] [limits]", func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
 		}
-		in, err := e.in.Create(ctx, p, &cohortv1.CreateInternRequest{WorkspaceId: e.f.workspace, Name: e.f.name, Model: e.f.model, Agent: e.f.agent})
+		limits, err := e.f.limits()
+		if err != nil {
+			return err
+		}
+		in, err := e.in.Create(ctx, p, &cohortv1.CreateInternRequest{WorkspaceId: e.f.workspace, Name: e.f.name, Model: e.f.model, Agent: e.f.agent, Limits: limits})
 		if err != nil {
 			return err
 		}
@@ -261,12 +269,16 @@ var adminCmds = map[string]adminCmd{
 	"intern suspend":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Suspend)},
 	"intern resume":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Resume)},
 	"intern delete":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Delete)},
-	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M] [--agent A]", func(ctx context.Context, e *adminEnv) error {
+	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M] [--agent A] [limits, 0: the operator's]", func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
 		}
-		in, err := e.in.Update(ctx, p, &cohortv1.UpdateInternRequest{Id: e.f.id, Name: optional(e.f.name), Model: optional(e.f.model), Agent: optional(e.f.agent)})
+		limits, err := e.f.limits()
+		if err != nil {
+			return err
+		}
+		in, err := e.in.Update(ctx, p, &cohortv1.UpdateInternRequest{Id: e.f.id, Name: optional(e.f.name), Model: optional(e.f.model), Agent: optional(e.f.agent), Limits: limits})
 		if err != nil {
 			return err
 		}
@@ -351,6 +363,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"url": &f.url, "secret-file": &f.secretFile} {
 		fs.StringVar(p, flagName, "", flagName)
 	}
+	internLimitFlags(fs, f)
 	fs.BoolVar(&f.internsProgramme, "interns-programme", false, "entitlement: the interns programme")
 	fs.BoolVar(&f.workloadIdentity, "workload-identity", false, "entitlement: workload identity federation")
 	fs.BoolVar(&f.vaultWrites, "vault-writes", false, "entitlement: vault writes")
@@ -380,6 +393,12 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e.in = &interns.Service{DB: db, Agents: catalog}
+	// The operator's limits, the ceiling of an intern's own: serve's,
+	// from the same variables (COHORT_INTERN_MEMORY, ...).
+	limitCfg := config.DefaultInternLimits()
+	if err := limitFlags(flag.NewFlagSet("limits", flag.ContinueOnError), &limitCfg, "")(); err != nil {
+		return err
+	}
+	e.in = &interns.Service{DB: db, Agents: catalog, Ceiling: store.InternLimits(limitCfg)}
 	return cmd.run(ctx, e)
 }

@@ -51,6 +51,10 @@ type Service struct {
 	// Agents says which agent names an intern may run (the operator's
 	// catalog, internal/agents); nil allows only the built-in agent.
 	Agents AgentChecker
+	// Ceiling is the operator's limits for every intern (serve's
+	// --intern-*): an intern's own may only be lower. A 0 field bounds
+	// that limit by the hard maxima alone (MaxLimitMemory, ...).
+	Ceiling store.InternLimits
 }
 
 // AgentChecker validates an intern's agent name; the error says which
@@ -165,8 +169,12 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 	if agent == BuiltinAgent {
 		agent = "" // one spelling of the built-in agent in the rows
 	}
+	var limits store.InternLimits
+	if err := setLimits(p, s.Ceiling, &limits, req.GetLimits()); err != nil {
+		return nil, err
+	}
 	in := &store.Intern{ID: uuid.NewString(), OrganizationID: p.OrganizationID, WorkspaceID: ws, Name: name,
-		Model: model, Agent: agent, State: store.InternProvisioning, CreatedBy: p.UserID, CreatedAt: s.now()}
+		Model: model, Agent: agent, State: store.InternProvisioning, CreatedBy: p.UserID, CreatedAt: s.now(), Limits: limits}
 	if _, err := s.DB.NewInsert().Model(in).Exec(ctx); err != nil {
 		return nil, apierr.Internal(err)
 	}
@@ -310,7 +318,7 @@ func (s *Service) List(ctx context.Context, p *auth.Principal, workspaceID strin
 	return out, nil
 }
 
-// Update changes an intern's name, model or agent.
+// Update changes an intern's name, model, agent or limits.
 func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.UpdateInternRequest) (*cohortv1.Intern, error) {
 	in, err := s.Load(ctx, p, req.GetId())
 	if err != nil {
@@ -320,6 +328,10 @@ func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.U
 		return nil, err
 	}
 	if err := s.checkAgent(req.Agent); err != nil {
+		return nil, err
+	}
+	// A change of limits restarts the intern's jail, as a new model does.
+	if err := setLimits(p, s.Ceiling, &in.Limits, req.GetLimits()); err != nil {
 		return nil, err
 	}
 	if req.Name != nil {
@@ -338,7 +350,8 @@ func (s *Service) Update(ctx context.Context, p *auth.Principal, req *cohortv1.U
 	}
 	now := s.now()
 	in.UpdatedAt = &now
-	if _, err := s.DB.NewUpdate().Model(in).Column("name", "model", "agent", "updated_at").WherePK().Exec(ctx); err != nil {
+	if _, err := s.DB.NewUpdate().Model(in).Column("name", "model", "agent", "updated_at",
+		"limit_memory", "limit_processes", "limit_cpu_weight", "limit_cpus", "limit_tmpfs", "limit_disk").WherePK().Exec(ctx); err != nil {
 		return nil, apierr.Internal(err)
 	}
 	s.changed(ctx, in)
@@ -390,7 +403,7 @@ func (s *Service) Delete(ctx context.Context, p *auth.Principal, id string) (*co
 // Proto converts a row.
 func Proto(in *store.Intern) *cohortv1.Intern {
 	out := &cohortv1.Intern{Id: in.ID, WorkspaceId: in.WorkspaceID, Name: in.Name, Model: in.Model, State: in.State,
-		Agent: cmp.Or(in.Agent, BuiltinAgent), CreatedAt: timestamppb.New(in.CreatedAt)}
+		Agent: cmp.Or(in.Agent, BuiltinAgent), CreatedAt: timestamppb.New(in.CreatedAt), Limits: limitsProto(in.Limits)}
 	if in.UpdatedAt != nil {
 		out.UpdatedAt = timestamppb.New(*in.UpdatedAt)
 	}

@@ -170,7 +170,10 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 	p.fleet.rec.Lock()
 	defer p.fleet.rec.Unlock()
 	var rows []store.Intern
-	if err := p.DB.NewSelect().Model(&rows).Column("id", "state", "model", "agent").
+	// What a jail runs with (localChanged compares it): a row read without
+	// the limits would restart every jail that has its own.
+	if err := p.DB.NewSelect().Model(&rows).Column("id", "state", "model", "agent",
+		"limit_memory", "limit_processes", "limit_cpu_weight", "limit_cpus", "limit_tmpfs", "limit_disk").
 		Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
 		return err
 	}
@@ -188,7 +191,7 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 	p.mu.Unlock()
 	for _, id := range gone {
 		in := store.Intern{ID: id, State: store.InternDeleted}
-		if err := p.DB.NewSelect().Model(&in).Column("id", "state", "model", "agent").Where("id = ?", id).Scan(ctx); err != nil && !errors.Is(err, errNoRows) {
+		if err := p.DB.NewSelect().Model(&in).Where("id = ?", id).Scan(ctx); err != nil && !errors.Is(err, errNoRows) {
 			return err
 		}
 		p.localChanged(&in)

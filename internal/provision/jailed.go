@@ -366,14 +366,17 @@ func (o DaemonJail) inJailUpstream() string {
 }
 
 // daemonJail is the provisioner's jail for an intern running the agent
-// named agent.
-func (p *Provisioner) daemonJail(id, model, agent, hostDir string, self []string) (DaemonJail, error) {
+// named agent, within the operator's limits and its own.
+func (p *Provisioner) daemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
 	run, err := p.agentFor(agent, true)
 	if err != nil {
 		return DaemonJail{}, err
 	}
 	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(p.daemonFlags(), run.flags...),
 		Control: p.controlPath(id), JailConfig: *p.Jail}
+	// In the jail's Spec, so in its tag: a jail of other limits is not
+	// adopted but replaced.
+	o.Limits = internLimits(p.Jail.Limits, own)
 	if run.upstream != "" {
 		o.Upstream, o.UpstreamKey = run.upstream, p.modelKey(id, run)
 	}
@@ -395,7 +398,7 @@ func (p *Provisioner) ProbeJail() error {
 		return err
 	}
 	defer jail.RemoveAll(dir) // and its overlay's work directory
-	dj, err := p.daemonJail("probe", "", "", dir, self)
+	dj, err := p.daemonJail("probe", "", "", store.InternLimits{}, dir, self)
 	if err != nil {
 		return err
 	}
@@ -473,7 +476,7 @@ func (s *supervisor) startJailed(dir string, logs *os.File) (started, error) {
 		return started{}, err
 	}
 	defer lf.Close()
-	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
+	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
 	if err != nil {
 		return started{}, err
 	}
@@ -509,7 +512,7 @@ func (s *supervisor) adopt(ctx context.Context, dir string, logs *os.File) (star
 	if err != nil {
 		return started{}, err
 	}
-	dj, err := p.daemonJail(s.id, s.model, s.agent, dir, self)
+	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
 	if err != nil {
 		return started{}, err
 	}

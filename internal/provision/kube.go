@@ -278,7 +278,7 @@ func (p *Provisioner) reconcileKube(ctx context.Context) error {
 		return nil // the informers are still listing (or the API is away)
 	}
 	var rows []store.Intern
-	if err := p.DB.NewSelect().Model(&rows).Column("id", "state", "daemon_url", "model", "agent").
+	if err := p.DB.NewSelect().Model(&rows).Column("id", "state", "daemon_url", "model", "agent", "limit_memory", "limit_cpus", "limit_tmpfs").
 		Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
 		return err
 	}
@@ -301,7 +301,8 @@ func (p *Provisioner) reconcileKube(ctx context.Context) error {
 		want[in.ID] = true
 		pod := podOf[in.ID]
 		if in.State == store.InternProvisioning || pod == nil || pod.DeletionTimestamp != nil || !podReady(pod) || daemonURL(pod) != in.DaemonURL ||
-			pod.Annotations[annModel] != in.Model || pod.Annotations[annAgent] != in.Agent {
+			pod.Annotations[annModel] != in.Model || pod.Annotations[annAgent] != in.Agent ||
+			pod.Annotations[annLimits] != kubeLimits(in.Limits) {
 			// The cache may lag: ensure reads the Pod itself first.
 			p.actSoon(in.ID, p.ensurePod)
 		}
@@ -396,7 +397,8 @@ func (p *Provisioner) ensurePod(ctx context.Context, id string) error {
 		return err
 	}
 	current := pod != nil && pod.Annotations[annSecret] == secretDigest(in.DaemonSecret) &&
-		pod.Annotations[annModel] == in.Model && pod.Annotations[annAgent] == in.Agent
+		pod.Annotations[annModel] == in.Model && pod.Annotations[annAgent] == in.Agent &&
+		pod.Annotations[annLimits] == kubeLimits(in.Limits)
 	if current && in.State == store.InternRunning && podReady(pod) && daemonURL(pod) == in.DaemonURL {
 		return nil // the cache lagged
 	}
@@ -704,10 +706,13 @@ func (p *Provisioner) podFor(in *store.Intern, run agentRun) *corev1.Pod {
 	args = append(args, run.flags...)
 	no, yes := false, true
 	uid := int64(podUID)
-	tmp := k.cfg.TmpSize
+	tmp := podTmpSize(k.cfg.TmpSize, in.Limits)
+	ann := map[string]string{annSecret: secretDigest(in.DaemonSecret), annModel: in.Model, annAgent: in.Agent}
+	if l := kubeLimits(in.Limits); l != "" {
+		ann[annLimits] = l
+	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: podName(in.ID), Labels: internLabels(in.ID),
-			Annotations: map[string]string{annSecret: secretDigest(in.DaemonSecret), annModel: in.Model, annAgent: in.Agent}},
+		ObjectMeta: metav1.ObjectMeta{Name: podName(in.ID), Labels: internLabels(in.ID), Annotations: ann},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
@@ -723,7 +728,7 @@ func (p *Provisioner) podFor(in *store.Intern, run agentRun) *corev1.Pod {
 				Ports:   []corev1.ContainerPort{{Name: "daemon", ContainerPort: DaemonPort}},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstrPort(DaemonPort)}},
 					PeriodSeconds: 1},
-				Resources: corev1.ResourceRequirements{Requests: k.cfg.Requests, Limits: k.cfg.Limits},
+				Resources: podResources(k.cfg.Requests, k.cfg.Limits, in.Limits),
 				SecurityContext: &corev1.SecurityContext{RunAsNonRoot: &yes, ReadOnlyRootFilesystem: &yes, AllowPrivilegeEscalation: &no,
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
 				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: podDataDir}, {Name: "tmp", MountPath: "/tmp"}},

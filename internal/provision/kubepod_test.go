@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cohort-dev/cohort/internal/store"
@@ -30,5 +31,54 @@ func TestPodForLimitsAndNamesItsSecret(t *testing.T) {
 	in.DaemonSecret = "wrapped-2"
 	if other := podSecret(p.podFor(in, agentRun{})); other == name {
 		t.Errorf("two Pods of two daemon secrets share the Secret %q", name)
+	}
+}
+
+// An intern's own memory, CPUs and /tmp size lower its Pod's (a request
+// above the lowered limit with it), never raise them; the Pod's annotation
+// names them, so a change replaces the Pod.
+func TestPodForInternLimits(t *testing.T) {
+	q := resource.MustParse
+	cfg := &KubeConfig{Image: "i", TmpSize: q("1Gi"),
+		Requests: corev1.ResourceList{corev1.ResourceMemory: q("1Gi"), corev1.ResourceCPU: q("500m")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: q("4Gi"), corev1.ResourceCPU: q("2")}}
+	p := &Provisioner{kube: &kubeFleet{cfg: cfg}}
+	in := &store.Intern{ID: "0f0e0d0c-0000-4000-8000-000000000002", Model: "m", DaemonSecret: "s"}
+	plain := p.podFor(in, agentRun{})
+	if _, ok := plain.Annotations[annLimits]; ok {
+		t.Errorf("a Pod of an intern without limits of its own is annotated: %v", plain.Annotations)
+	}
+	in.Limits = store.InternLimits{Memory: 512 << 20, CPUs: 0.25, Tmpfs: 64 << 20, Processes: 100}
+	pod := p.podFor(in, agentRun{})
+	r := pod.Spec.Containers[0].Resources
+	for _, c := range []struct {
+		what      string
+		got, want resource.Quantity
+	}{
+		{"memory limit", r.Limits[corev1.ResourceMemory], q("512Mi")},
+		{"memory request", r.Requests[corev1.ResourceMemory], q("512Mi")},
+		{"cpu limit", r.Limits[corev1.ResourceCPU], q("250m")},
+		{"cpu request", r.Requests[corev1.ResourceCPU], q("250m")},
+	} {
+		if c.got.Cmp(c.want) != 0 {
+			t.Errorf("%s %s, want %s", c.what, c.got.String(), c.want.String())
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.EmptyDir != nil && v.EmptyDir.SizeLimit.Cmp(q("64Mi")) != 0 {
+			t.Errorf("/tmp of %s, want 64Mi", v.EmptyDir.SizeLimit.String())
+		}
+	}
+	if got := pod.Annotations[annLimits]; got != "memory=536870912,cpus=0.25,tmpfs=67108864" {
+		t.Errorf("annotation %q", got)
+	}
+	if cfg.Limits.Memory().Cmp(q("4Gi")) != 0 || cfg.Requests.Memory().Cmp(q("1Gi")) != 0 {
+		t.Errorf("the operator's resources were changed: %v %v", cfg.Limits, cfg.Requests)
+	}
+	// Above the operator's: the operator's hold.
+	in.Limits = store.InternLimits{Memory: 8 << 30, CPUs: 3}
+	r = p.podFor(in, agentRun{}).Spec.Containers[0].Resources
+	if r.Limits.Memory().Cmp(q("4Gi")) != 0 || r.Limits.Cpu().Cmp(q("2")) != 0 {
+		t.Errorf("limits above the operator's raised the Pod's: %v", r.Limits)
 	}
 }

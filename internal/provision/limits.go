@@ -4,7 +4,31 @@ import (
 	"fmt"
 
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/store"
 )
+
+// internLimits is an intern's jail's limits: the operator's, each lowered
+// to the intern's own where it has one. The operator's stay the ceiling
+// even when lowered after an intern's were set (the API checks them only
+// when they are set).
+func internLimits(op jail.Limits, own store.InternLimits) jail.Limits {
+	l := op
+	l.Memory = lower(op.Memory, own.Memory)
+	l.Pids = lower(op.Pids, own.Processes)
+	l.CPUWeight = lower(op.CPUWeight, own.CPUWeight)
+	l.CPUs = lower(op.CPUs, own.CPUs)
+	l.Tmpfs = lower(op.Tmpfs, own.Tmpfs)
+	l.FileSize = lower(op.FileSize, own.Disk)
+	return l
+}
+
+// lower is own where it is set (not 0) and below op, or op unbounded (0).
+func lower[T int | int64 | float64](op, own T) T {
+	if own > 0 && (op == 0 || own < op) {
+		return own
+	}
+	return op
+}
 
 // LimitWarnings says which of the jails' limits this host cannot enforce,
 // one line each, for the start log: a missing cgroup controller, a cgroup

@@ -24,10 +24,12 @@ import (
 
 // supervisor keeps one local daemon running for one intern.
 type supervisor struct {
-	p      *Provisioner
-	id     string
-	model  string
-	agent  string
+	p     *Provisioner
+	id    string
+	model string
+	agent string
+	// limits are the intern's own (its row's), applied to its jail.
+	limits store.InternLimits
 	cancel context.CancelFunc
 	done   chan struct{}
 	// up is closed once a daemon has answered Status and the intern is
@@ -76,7 +78,7 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 	s := p.sups[in.ID]
 	switch in.State {
 	case store.InternProvisioning, store.InternRunning:
-		if s != nil && s.model == in.Model && s.agent == in.Agent {
+		if s != nil && s.model == in.Model && s.agent == in.Agent && s.limits == in.Limits {
 			if in.State == store.InternProvisioning && s.isUp() {
 				// Suspended and resumed between two looks at the database:
 				// the daemon never stopped, and its row says running again.
@@ -92,11 +94,12 @@ func (p *Provisioner) localChanged(in *store.Intern) {
 		}
 		prev := s
 		if prev != nil {
-			// The model or the agent changed: the jail restarts with the new one.
+			// The model, the agent or the limits changed: the jail restarts
+			// with the new ones.
 			go prev.stop()
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		s = &supervisor{p: p, id: in.ID, model: in.Model, agent: in.Agent, cancel: cancel, done: make(chan struct{}),
+		s = &supervisor{p: p, id: in.ID, model: in.Model, agent: in.Agent, limits: in.Limits, cancel: cancel, done: make(chan struct{}),
 			up: make(chan struct{}), failed: make(chan struct{}), lastUsed: time.Now()}
 		p.sups[in.ID] = s
 		go func() {

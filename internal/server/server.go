@@ -28,6 +28,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/streamdeadline"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -137,7 +138,8 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	}
 
 	db, log := d.DB, d.Log
-	ins := &interns.Service{DB: db}
+	// An intern's own limits may only be lower than the operator's.
+	ins := &interns.Service{DB: db, Ceiling: store.InternLimits(cfg.InternLimits)}
 	if cfg.AgentModules != "" || len(catalog.Custom) > 0 {
 		// Without either, the catalog holds the built-in agent alone: nil
 		// says so.

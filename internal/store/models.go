@@ -131,4 +131,18 @@ type Intern struct {
 	DaemonSecret string `bun:"daemon_secret,notnull"`
 	// Provisioner is "local" or "remote", or "" before one took the intern.
 	Provisioner string `bun:"provisioner,notnull"`
+	// Limits are the intern's own bounds on its jail (columns limit_*).
+	Limits InternLimits `bun:"embed:limit_"`
+}
+
+// InternLimits are one intern's bounds, each at most the operator's
+// --intern-* setting; 0 is the operator's setting. Comparable: a change
+// restarts the intern's jail.
+type InternLimits struct {
+	Memory    int64   `bun:"memory,notnull"`
+	Processes int     `bun:"processes,notnull"`
+	CPUWeight int     `bun:"cpu_weight,notnull"`
+	CPUs      float64 `bun:"cpus,notnull"`
+	Tmpfs     int64   `bun:"tmpfs,notnull"`
+	Disk      int64   `bun:"disk,notnull"`
 }

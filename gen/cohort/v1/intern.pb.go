@@ -37,7 +37,10 @@ type Intern struct {
 	// The agent the intern runs: "cohort" (the built-in agent) or a name the
 	// operator allows ("claude", "codex", "opencode", "gemini", or a custom
 	// command's name). Changing it restarts the intern's jail.
-	Agent         string `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent string `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The intern's own bounds on its jail: only the fields set for it; the
+	// others are the operator's settings (cohort serve --intern-*).
+	Limits        *InternLimits `protobuf:"bytes,9,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -128,20 +131,127 @@ func (x *Intern) GetAgent() string {
 	return ""
 }
 
+func (x *Intern) GetLimits() *InternLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// One intern's bounds on its jail (local provisioner; on Kubernetes memory
+// and CPUs only), each at most the operator's setting for every intern
+// (cohort serve --intern-*, where that is not 0: unbounded). An absent
+// field, or 0 in an update, is the operator's setting. Setting them needs
+// a management key; a change restarts the intern's jail.
+type InternLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Memory of the jail in bytes (its processes, page cache and tmpfs
+	// together): 64 MiB to 1 TiB.
+	MemoryBytes *int64 `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3,oneof" json:"memory_bytes,omitempty"`
+	// Processes and threads at once: 32 to 4194304.
+	MaxProcesses *int32 `protobuf:"varint,2,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
+	// Share of the CPU when the host is busy: 1 to 10000, 100 an equal share.
+	CpuWeight *int32 `protobuf:"varint,3,opt,name=cpu_weight,json=cpuWeight,proto3,oneof" json:"cpu_weight,omitempty"`
+	// Cap on CPU time in CPUs (0.5, 2): 0.01 to 1024.
+	Cpus *float64 `protobuf:"fixed64,4,opt,name=cpus,proto3,oneof" json:"cpus,omitempty"`
+	// Size of /tmp, and of /dev/shm, in bytes: 1 MiB to 1 TiB.
+	TmpfsBytes *int64 `protobuf:"varint,5,opt,name=tmpfs_bytes,json=tmpfsBytes,proto3,oneof" json:"tmpfs_bytes,omitempty"`
+	// Disk of the intern's directory in bytes (each file's size where the
+	// file system has no quota): 1 MiB to 1 PiB.
+	DiskBytes     *int64 `protobuf:"varint,6,opt,name=disk_bytes,json=diskBytes,proto3,oneof" json:"disk_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InternLimits) Reset() {
+	*x = InternLimits{}
+	mi := &file_cohort_v1_intern_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InternLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InternLimits) ProtoMessage() {}
+
+func (x *InternLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_intern_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InternLimits.ProtoReflect.Descriptor instead.
+func (*InternLimits) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *InternLimits) GetMemoryBytes() int64 {
+	if x != nil && x.MemoryBytes != nil {
+		return *x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *InternLimits) GetMaxProcesses() int32 {
+	if x != nil && x.MaxProcesses != nil {
+		return *x.MaxProcesses
+	}
+	return 0
+}
+
+func (x *InternLimits) GetCpuWeight() int32 {
+	if x != nil && x.CpuWeight != nil {
+		return *x.CpuWeight
+	}
+	return 0
+}
+
+func (x *InternLimits) GetCpus() float64 {
+	if x != nil && x.Cpus != nil {
+		return *x.Cpus
+	}
+	return 0
+}
+
+func (x *InternLimits) GetTmpfsBytes() int64 {
+	if x != nil && x.TmpfsBytes != nil {
+		return *x.TmpfsBytes
+	}
+	return 0
+}
+
+func (x *InternLimits) GetDiskBytes() int64 {
+	if x != nil && x.DiskBytes != nil {
+		return *x.DiskBytes
+	}
+	return 0
+}
+
 type CreateInternRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	WorkspaceId string                 `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
 	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Model       string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
 	// Empty: "cohort", the built-in agent.
-	Agent         string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The intern's own bounds (a management key only); unset fields are the
+	// operator's settings.
+	Limits        *InternLimits `protobuf:"bytes,5,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateInternRequest) Reset() {
 	*x = CreateInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[1]
+	mi := &file_cohort_v1_intern_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +263,7 @@ func (x *CreateInternRequest) String() string {
 func (*CreateInternRequest) ProtoMessage() {}
 
 func (x *CreateInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[1]
+	mi := &file_cohort_v1_intern_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +276,7 @@ func (x *CreateInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateInternRequest.ProtoReflect.Descriptor instead.
 func (*CreateInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{1}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateInternRequest) GetWorkspaceId() string {
@@ -197,6 +307,13 @@ func (x *CreateInternRequest) GetAgent() string {
 	return ""
 }
 
+func (x *CreateInternRequest) GetLimits() *InternLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
 type CreateInternResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Intern        *Intern                `protobuf:"bytes,1,opt,name=intern,proto3" json:"intern,omitempty"`
@@ -206,7 +323,7 @@ type CreateInternResponse struct {
 
 func (x *CreateInternResponse) Reset() {
 	*x = CreateInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[2]
+	mi := &file_cohort_v1_intern_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +335,7 @@ func (x *CreateInternResponse) String() string {
 func (*CreateInternResponse) ProtoMessage() {}
 
 func (x *CreateInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[2]
+	mi := &file_cohort_v1_intern_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +348,7 @@ func (x *CreateInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateInternResponse.ProtoReflect.Descriptor instead.
 func (*CreateInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{2}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateInternResponse) GetIntern() *Intern {
@@ -250,7 +367,7 @@ type GetInternRequest struct {
 
 func (x *GetInternRequest) Reset() {
 	*x = GetInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[3]
+	mi := &file_cohort_v1_intern_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +379,7 @@ func (x *GetInternRequest) String() string {
 func (*GetInternRequest) ProtoMessage() {}
 
 func (x *GetInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[3]
+	mi := &file_cohort_v1_intern_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +392,7 @@ func (x *GetInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInternRequest.ProtoReflect.Descriptor instead.
 func (*GetInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{3}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetInternRequest) GetId() string {
@@ -294,7 +411,7 @@ type GetInternResponse struct {
 
 func (x *GetInternResponse) Reset() {
 	*x = GetInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[4]
+	mi := &file_cohort_v1_intern_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +423,7 @@ func (x *GetInternResponse) String() string {
 func (*GetInternResponse) ProtoMessage() {}
 
 func (x *GetInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[4]
+	mi := &file_cohort_v1_intern_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +436,7 @@ func (x *GetInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInternResponse.ProtoReflect.Descriptor instead.
 func (*GetInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{4}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetInternResponse) GetIntern() *Intern {
@@ -338,7 +455,7 @@ type ListInternsRequest struct {
 
 func (x *ListInternsRequest) Reset() {
 	*x = ListInternsRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[5]
+	mi := &file_cohort_v1_intern_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +467,7 @@ func (x *ListInternsRequest) String() string {
 func (*ListInternsRequest) ProtoMessage() {}
 
 func (x *ListInternsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[5]
+	mi := &file_cohort_v1_intern_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +480,7 @@ func (x *ListInternsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInternsRequest.ProtoReflect.Descriptor instead.
 func (*ListInternsRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{5}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListInternsRequest) GetWorkspaceId() string {
@@ -382,7 +499,7 @@ type ListInternsResponse struct {
 
 func (x *ListInternsResponse) Reset() {
 	*x = ListInternsResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[6]
+	mi := &file_cohort_v1_intern_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +511,7 @@ func (x *ListInternsResponse) String() string {
 func (*ListInternsResponse) ProtoMessage() {}
 
 func (x *ListInternsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[6]
+	mi := &file_cohort_v1_intern_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +524,7 @@ func (x *ListInternsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInternsResponse.ProtoReflect.Descriptor instead.
 func (*ListInternsResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{6}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListInternsResponse) GetInterns() []*Intern {
@@ -418,18 +535,21 @@ func (x *ListInternsResponse) GetInterns() []*Intern {
 }
 
 type UpdateInternRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          *string                `protobuf:"bytes,2,opt,name=name,proto3,oneof" json:"name,omitempty"`
-	Model         *string                `protobuf:"bytes,3,opt,name=model,proto3,oneof" json:"model,omitempty"`
-	Agent         *string                `protobuf:"bytes,4,opt,name=agent,proto3,oneof" json:"agent,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  *string                `protobuf:"bytes,2,opt,name=name,proto3,oneof" json:"name,omitempty"`
+	Model *string                `protobuf:"bytes,3,opt,name=model,proto3,oneof" json:"model,omitempty"`
+	Agent *string                `protobuf:"bytes,4,opt,name=agent,proto3,oneof" json:"agent,omitempty"`
+	// Each field set replaces the intern's bound (0: back to the operator's
+	// setting); unset fields are kept. A management key only.
+	Limits        *InternLimits `protobuf:"bytes,5,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateInternRequest) Reset() {
 	*x = UpdateInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[7]
+	mi := &file_cohort_v1_intern_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +561,7 @@ func (x *UpdateInternRequest) String() string {
 func (*UpdateInternRequest) ProtoMessage() {}
 
 func (x *UpdateInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[7]
+	mi := &file_cohort_v1_intern_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +574,7 @@ func (x *UpdateInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateInternRequest.ProtoReflect.Descriptor instead.
 func (*UpdateInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{7}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpdateInternRequest) GetId() string {
@@ -485,6 +605,13 @@ func (x *UpdateInternRequest) GetAgent() string {
 	return ""
 }
 
+func (x *UpdateInternRequest) GetLimits() *InternLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
 type UpdateInternResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Intern        *Intern                `protobuf:"bytes,1,opt,name=intern,proto3" json:"intern,omitempty"`
@@ -494,7 +621,7 @@ type UpdateInternResponse struct {
 
 func (x *UpdateInternResponse) Reset() {
 	*x = UpdateInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[8]
+	mi := &file_cohort_v1_intern_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +633,7 @@ func (x *UpdateInternResponse) String() string {
 func (*UpdateInternResponse) ProtoMessage() {}
 
 func (x *UpdateInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[8]
+	mi := &file_cohort_v1_intern_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +646,7 @@ func (x *UpdateInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateInternResponse.ProtoReflect.Descriptor instead.
 func (*UpdateInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{8}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateInternResponse) GetIntern() *Intern {
@@ -538,7 +665,7 @@ type SuspendInternRequest struct {
 
 func (x *SuspendInternRequest) Reset() {
 	*x = SuspendInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[9]
+	mi := &file_cohort_v1_intern_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +677,7 @@ func (x *SuspendInternRequest) String() string {
 func (*SuspendInternRequest) ProtoMessage() {}
 
 func (x *SuspendInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[9]
+	mi := &file_cohort_v1_intern_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +690,7 @@ func (x *SuspendInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendInternRequest.ProtoReflect.Descriptor instead.
 func (*SuspendInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{9}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SuspendInternRequest) GetId() string {
@@ -582,7 +709,7 @@ type SuspendInternResponse struct {
 
 func (x *SuspendInternResponse) Reset() {
 	*x = SuspendInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[10]
+	mi := &file_cohort_v1_intern_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +721,7 @@ func (x *SuspendInternResponse) String() string {
 func (*SuspendInternResponse) ProtoMessage() {}
 
 func (x *SuspendInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[10]
+	mi := &file_cohort_v1_intern_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +734,7 @@ func (x *SuspendInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendInternResponse.ProtoReflect.Descriptor instead.
 func (*SuspendInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{10}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SuspendInternResponse) GetIntern() *Intern {
@@ -626,7 +753,7 @@ type ResumeInternRequest struct {
 
 func (x *ResumeInternRequest) Reset() {
 	*x = ResumeInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[11]
+	mi := &file_cohort_v1_intern_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +765,7 @@ func (x *ResumeInternRequest) String() string {
 func (*ResumeInternRequest) ProtoMessage() {}
 
 func (x *ResumeInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[11]
+	mi := &file_cohort_v1_intern_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +778,7 @@ func (x *ResumeInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeInternRequest.ProtoReflect.Descriptor instead.
 func (*ResumeInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{11}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResumeInternRequest) GetId() string {
@@ -670,7 +797,7 @@ type ResumeInternResponse struct {
 
 func (x *ResumeInternResponse) Reset() {
 	*x = ResumeInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[12]
+	mi := &file_cohort_v1_intern_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +809,7 @@ func (x *ResumeInternResponse) String() string {
 func (*ResumeInternResponse) ProtoMessage() {}
 
 func (x *ResumeInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[12]
+	mi := &file_cohort_v1_intern_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +822,7 @@ func (x *ResumeInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeInternResponse.ProtoReflect.Descriptor instead.
 func (*ResumeInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{12}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResumeInternResponse) GetIntern() *Intern {
@@ -714,7 +841,7 @@ type DeleteInternRequest struct {
 
 func (x *DeleteInternRequest) Reset() {
 	*x = DeleteInternRequest{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[13]
+	mi := &file_cohort_v1_intern_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +853,7 @@ func (x *DeleteInternRequest) String() string {
 func (*DeleteInternRequest) ProtoMessage() {}
 
 func (x *DeleteInternRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[13]
+	mi := &file_cohort_v1_intern_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +866,7 @@ func (x *DeleteInternRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteInternRequest.ProtoReflect.Descriptor instead.
 func (*DeleteInternRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{13}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteInternRequest) GetId() string {
@@ -758,7 +885,7 @@ type DeleteInternResponse struct {
 
 func (x *DeleteInternResponse) Reset() {
 	*x = DeleteInternResponse{}
-	mi := &file_cohort_v1_intern_proto_msgTypes[14]
+	mi := &file_cohort_v1_intern_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +897,7 @@ func (x *DeleteInternResponse) String() string {
 func (*DeleteInternResponse) ProtoMessage() {}
 
 func (x *DeleteInternResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_intern_proto_msgTypes[14]
+	mi := &file_cohort_v1_intern_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +910,7 @@ func (x *DeleteInternResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteInternResponse.ProtoReflect.Descriptor instead.
 func (*DeleteInternResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{14}
+	return file_cohort_v1_intern_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteInternResponse) GetIntern() *Intern {
@@ -797,7 +924,7 @@ var File_cohort_v1_intern_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_intern_proto_rawDesc = "" +
 	"\n" +
-	"\x16cohort/v1/intern.proto\x12\tcohort.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x02\n" +
+	"\x16cohort/v1/intern.proto\x12\tcohort.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n" +
 	"\x06Intern\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x12\n" +
@@ -808,12 +935,30 @@ const file_cohort_v1_intern_proto_rawDesc = "" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
-	"\x05agent\x18\b \x01(\tR\x05agent\"x\n" +
+	"\x05agent\x18\b \x01(\tR\x05agent\x12/\n" +
+	"\x06limits\x18\t \x01(\v2\x17.cohort.v1.InternLimitsR\x06limits\"\xc1\x02\n" +
+	"\fInternLimits\x12&\n" +
+	"\fmemory_bytes\x18\x01 \x01(\x03H\x00R\vmemoryBytes\x88\x01\x01\x12(\n" +
+	"\rmax_processes\x18\x02 \x01(\x05H\x01R\fmaxProcesses\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"cpu_weight\x18\x03 \x01(\x05H\x02R\tcpuWeight\x88\x01\x01\x12\x17\n" +
+	"\x04cpus\x18\x04 \x01(\x01H\x03R\x04cpus\x88\x01\x01\x12$\n" +
+	"\vtmpfs_bytes\x18\x05 \x01(\x03H\x04R\n" +
+	"tmpfsBytes\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"disk_bytes\x18\x06 \x01(\x03H\x05R\tdiskBytes\x88\x01\x01B\x0f\n" +
+	"\r_memory_bytesB\x10\n" +
+	"\x0e_max_processesB\r\n" +
+	"\v_cpu_weightB\a\n" +
+	"\x05_cpusB\x0e\n" +
+	"\f_tmpfs_bytesB\r\n" +
+	"\v_disk_bytes\"\xa9\x01\n" +
 	"\x13CreateInternRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x03 \x01(\tR\x05model\x12\x14\n" +
-	"\x05agent\x18\x04 \x01(\tR\x05agent\"A\n" +
+	"\x05agent\x18\x04 \x01(\tR\x05agent\x12/\n" +
+	"\x06limits\x18\x05 \x01(\v2\x17.cohort.v1.InternLimitsR\x06limits\"A\n" +
 	"\x14CreateInternResponse\x12)\n" +
 	"\x06intern\x18\x01 \x01(\v2\x11.cohort.v1.InternR\x06intern\"\"\n" +
 	"\x10GetInternRequest\x12\x0e\n" +
@@ -823,12 +968,13 @@ const file_cohort_v1_intern_proto_rawDesc = "" +
 	"\x12ListInternsRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\"B\n" +
 	"\x13ListInternsResponse\x12+\n" +
-	"\ainterns\x18\x01 \x03(\v2\x11.cohort.v1.InternR\ainterns\"\x91\x01\n" +
+	"\ainterns\x18\x01 \x03(\v2\x11.cohort.v1.InternR\ainterns\"\xc2\x01\n" +
 	"\x13UpdateInternRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\x04name\x18\x02 \x01(\tH\x00R\x04name\x88\x01\x01\x12\x19\n" +
 	"\x05model\x18\x03 \x01(\tH\x01R\x05model\x88\x01\x01\x12\x19\n" +
-	"\x05agent\x18\x04 \x01(\tH\x02R\x05agent\x88\x01\x01B\a\n" +
+	"\x05agent\x18\x04 \x01(\tH\x02R\x05agent\x88\x01\x01\x12/\n" +
+	"\x06limits\x18\x05 \x01(\v2\x17.cohort.v1.InternLimitsR\x06limitsB\a\n" +
 	"\x05_nameB\b\n" +
 	"\x06_modelB\b\n" +
 	"\x06_agent\"A\n" +
@@ -867,54 +1013,58 @@ func file_cohort_v1_intern_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_intern_proto_rawDescData
 }
 
-var file_cohort_v1_intern_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cohort_v1_intern_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_cohort_v1_intern_proto_goTypes = []any{
 	(*Intern)(nil),                // 0: cohort.v1.Intern
-	(*CreateInternRequest)(nil),   // 1: cohort.v1.CreateInternRequest
-	(*CreateInternResponse)(nil),  // 2: cohort.v1.CreateInternResponse
-	(*GetInternRequest)(nil),      // 3: cohort.v1.GetInternRequest
-	(*GetInternResponse)(nil),     // 4: cohort.v1.GetInternResponse
-	(*ListInternsRequest)(nil),    // 5: cohort.v1.ListInternsRequest
-	(*ListInternsResponse)(nil),   // 6: cohort.v1.ListInternsResponse
-	(*UpdateInternRequest)(nil),   // 7: cohort.v1.UpdateInternRequest
-	(*UpdateInternResponse)(nil),  // 8: cohort.v1.UpdateInternResponse
-	(*SuspendInternRequest)(nil),  // 9: cohort.v1.SuspendInternRequest
-	(*SuspendInternResponse)(nil), // 10: cohort.v1.SuspendInternResponse
-	(*ResumeInternRequest)(nil),   // 11: cohort.v1.ResumeInternRequest
-	(*ResumeInternResponse)(nil),  // 12: cohort.v1.ResumeInternResponse
-	(*DeleteInternRequest)(nil),   // 13: cohort.v1.DeleteInternRequest
-	(*DeleteInternResponse)(nil),  // 14: cohort.v1.DeleteInternResponse
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*InternLimits)(nil),          // 1: cohort.v1.InternLimits
+	(*CreateInternRequest)(nil),   // 2: cohort.v1.CreateInternRequest
+	(*CreateInternResponse)(nil),  // 3: cohort.v1.CreateInternResponse
+	(*GetInternRequest)(nil),      // 4: cohort.v1.GetInternRequest
+	(*GetInternResponse)(nil),     // 5: cohort.v1.GetInternResponse
+	(*ListInternsRequest)(nil),    // 6: cohort.v1.ListInternsRequest
+	(*ListInternsResponse)(nil),   // 7: cohort.v1.ListInternsResponse
+	(*UpdateInternRequest)(nil),   // 8: cohort.v1.UpdateInternRequest
+	(*UpdateInternResponse)(nil),  // 9: cohort.v1.UpdateInternResponse
+	(*SuspendInternRequest)(nil),  // 10: cohort.v1.SuspendInternRequest
+	(*SuspendInternResponse)(nil), // 11: cohort.v1.SuspendInternResponse
+	(*ResumeInternRequest)(nil),   // 12: cohort.v1.ResumeInternRequest
+	(*ResumeInternResponse)(nil),  // 13: cohort.v1.ResumeInternResponse
+	(*DeleteInternRequest)(nil),   // 14: cohort.v1.DeleteInternRequest
+	(*DeleteInternResponse)(nil),  // 15: cohort.v1.DeleteInternResponse
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_cohort_v1_intern_proto_depIdxs = []int32{
-	15, // 0: cohort.v1.Intern.created_at:type_name -> google.protobuf.Timestamp
-	15, // 1: cohort.v1.Intern.updated_at:type_name -> google.protobuf.Timestamp
-	0,  // 2: cohort.v1.CreateInternResponse.intern:type_name -> cohort.v1.Intern
-	0,  // 3: cohort.v1.GetInternResponse.intern:type_name -> cohort.v1.Intern
-	0,  // 4: cohort.v1.ListInternsResponse.interns:type_name -> cohort.v1.Intern
-	0,  // 5: cohort.v1.UpdateInternResponse.intern:type_name -> cohort.v1.Intern
-	0,  // 6: cohort.v1.SuspendInternResponse.intern:type_name -> cohort.v1.Intern
-	0,  // 7: cohort.v1.ResumeInternResponse.intern:type_name -> cohort.v1.Intern
-	0,  // 8: cohort.v1.DeleteInternResponse.intern:type_name -> cohort.v1.Intern
-	1,  // 9: cohort.v1.InternService.CreateIntern:input_type -> cohort.v1.CreateInternRequest
-	3,  // 10: cohort.v1.InternService.GetIntern:input_type -> cohort.v1.GetInternRequest
-	5,  // 11: cohort.v1.InternService.ListInterns:input_type -> cohort.v1.ListInternsRequest
-	7,  // 12: cohort.v1.InternService.UpdateIntern:input_type -> cohort.v1.UpdateInternRequest
-	9,  // 13: cohort.v1.InternService.SuspendIntern:input_type -> cohort.v1.SuspendInternRequest
-	11, // 14: cohort.v1.InternService.ResumeIntern:input_type -> cohort.v1.ResumeInternRequest
-	13, // 15: cohort.v1.InternService.DeleteIntern:input_type -> cohort.v1.DeleteInternRequest
-	2,  // 16: cohort.v1.InternService.CreateIntern:output_type -> cohort.v1.CreateInternResponse
-	4,  // 17: cohort.v1.InternService.GetIntern:output_type -> cohort.v1.GetInternResponse
-	6,  // 18: cohort.v1.InternService.ListInterns:output_type -> cohort.v1.ListInternsResponse
-	8,  // 19: cohort.v1.InternService.UpdateIntern:output_type -> cohort.v1.UpdateInternResponse
-	10, // 20: cohort.v1.InternService.SuspendIntern:output_type -> cohort.v1.SuspendInternResponse
-	12, // 21: cohort.v1.InternService.ResumeIntern:output_type -> cohort.v1.ResumeInternResponse
-	14, // 22: cohort.v1.InternService.DeleteIntern:output_type -> cohort.v1.DeleteInternResponse
-	16, // [16:23] is the sub-list for method output_type
-	9,  // [9:16] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	16, // 0: cohort.v1.Intern.created_at:type_name -> google.protobuf.Timestamp
+	16, // 1: cohort.v1.Intern.updated_at:type_name -> google.protobuf.Timestamp
+	1,  // 2: cohort.v1.Intern.limits:type_name -> cohort.v1.InternLimits
+	1,  // 3: cohort.v1.CreateInternRequest.limits:type_name -> cohort.v1.InternLimits
+	0,  // 4: cohort.v1.CreateInternResponse.intern:type_name -> cohort.v1.Intern
+	0,  // 5: cohort.v1.GetInternResponse.intern:type_name -> cohort.v1.Intern
+	0,  // 6: cohort.v1.ListInternsResponse.interns:type_name -> cohort.v1.Intern
+	1,  // 7: cohort.v1.UpdateInternRequest.limits:type_name -> cohort.v1.InternLimits
+	0,  // 8: cohort.v1.UpdateInternResponse.intern:type_name -> cohort.v1.Intern
+	0,  // 9: cohort.v1.SuspendInternResponse.intern:type_name -> cohort.v1.Intern
+	0,  // 10: cohort.v1.ResumeInternResponse.intern:type_name -> cohort.v1.Intern
+	0,  // 11: cohort.v1.DeleteInternResponse.intern:type_name -> cohort.v1.Intern
+	2,  // 12: cohort.v1.InternService.CreateIntern:input_type -> cohort.v1.CreateInternRequest
+	4,  // 13: cohort.v1.InternService.GetIntern:input_type -> cohort.v1.GetInternRequest
+	6,  // 14: cohort.v1.InternService.ListInterns:input_type -> cohort.v1.ListInternsRequest
+	8,  // 15: cohort.v1.InternService.UpdateIntern:input_type -> cohort.v1.UpdateInternRequest
+	10, // 16: cohort.v1.InternService.SuspendIntern:input_type -> cohort.v1.SuspendInternRequest
+	12, // 17: cohort.v1.InternService.ResumeIntern:input_type -> cohort.v1.ResumeInternRequest
+	14, // 18: cohort.v1.InternService.DeleteIntern:input_type -> cohort.v1.DeleteInternRequest
+	3,  // 19: cohort.v1.InternService.CreateIntern:output_type -> cohort.v1.CreateInternResponse
+	5,  // 20: cohort.v1.InternService.GetIntern:output_type -> cohort.v1.GetInternResponse
+	7,  // 21: cohort.v1.InternService.ListInterns:output_type -> cohort.v1.ListInternsResponse
+	9,  // 22: cohort.v1.InternService.UpdateIntern:output_type -> cohort.v1.UpdateInternResponse
+	11, // 23: cohort.v1.InternService.SuspendIntern:output_type -> cohort.v1.SuspendInternResponse
+	13, // 24: cohort.v1.InternService.ResumeIntern:output_type -> cohort.v1.ResumeInternResponse
+	15, // 25: cohort.v1.InternService.DeleteIntern:output_type -> cohort.v1.DeleteInternResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_cohort_v1_intern_proto_init() }
@@ -922,14 +1072,15 @@ func file_cohort_v1_intern_proto_init() {
 	if File_cohort_v1_intern_proto != nil {
 		return
 	}
-	file_cohort_v1_intern_proto_msgTypes[7].OneofWrappers = []any{}
+	file_cohort_v1_intern_proto_msgTypes[1].OneofWrappers = []any{}
+	file_cohort_v1_intern_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_intern_proto_rawDesc), len(file_cohort_v1_intern_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
