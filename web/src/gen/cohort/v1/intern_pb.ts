@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cohort/v1/intern.proto.
  */
 export const file_cohort_v1_intern: GenFile = /*@__PURE__*/
-  fileDesc("ChZjb2hvcnQvdjEvaW50ZXJuLnByb3RvEgljb2hvcnQudjEixQEKBkludGVybhIKCgJpZBgBIAEoCRIUCgx3b3Jrc3BhY2VfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVtb2RlbBgEIAEoCRINCgVzdGF0ZRgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVhZ2VudBgIIAEoCSJXChNDcmVhdGVJbnRlcm5SZXF1ZXN0EhQKDHdvcmtzcGFjZV9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW1vZGVsGAMgASgJEg0KBWFnZW50GAQgASgJIjkKFENyZWF0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4iHgoQR2V0SW50ZXJuUmVxdWVzdBIKCgJpZBgBIAEoCSI2ChFHZXRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIioKEkxpc3RJbnRlcm5zUmVxdWVzdBIUCgx3b3Jrc3BhY2VfaWQYASABKAkiOQoTTGlzdEludGVybnNSZXNwb25zZRIiCgdpbnRlcm5zGAEgAygLMhEuY29ob3J0LnYxLkludGVybiJ5ChNVcGRhdGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJEhEKBG5hbWUYAiABKAlIAIgBARISCgVtb2RlbBgDIAEoCUgBiAEBEhIKBWFnZW50GAQgASgJSAKIAQFCBwoFX25hbWVCCAoGX21vZGVsQggKBl9hZ2VudCI5ChRVcGRhdGVJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiIKFFN1c3BlbmRJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjoKFVN1c3BlbmRJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIiEKE1Jlc3VtZUludGVyblJlcXVlc3QSCgoCaWQYASABKAkiOQoUUmVzdW1lSW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIhChNEZWxldGVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjkKFERlbGV0ZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4yvQQKDUludGVyblNlcnZpY2USTwoMQ3JlYXRlSW50ZXJuEh4uY29ob3J0LnYxLkNyZWF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuQ3JlYXRlSW50ZXJuUmVzcG9uc2USRgoJR2V0SW50ZXJuEhsuY29ob3J0LnYxLkdldEludGVyblJlcXVlc3QaHC5jb2hvcnQudjEuR2V0SW50ZXJuUmVzcG9uc2USTAoLTGlzdEludGVybnMSHS5jb2hvcnQudjEuTGlzdEludGVybnNSZXF1ZXN0Gh4uY29ob3J0LnYxLkxpc3RJbnRlcm5zUmVzcG9uc2USTwoMVXBkYXRlSW50ZXJuEh4uY29ob3J0LnYxLlVwZGF0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuVXBkYXRlSW50ZXJuUmVzcG9uc2USUgoNU3VzcGVuZEludGVybhIfLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVxdWVzdBogLmNvaG9ydC52MS5TdXNwZW5kSW50ZXJuUmVzcG9uc2USTwoMUmVzdW1lSW50ZXJuEh4uY29ob3J0LnYxLlJlc3VtZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuUmVzdW1lSW50ZXJuUmVzcG9uc2USTwoMRGVsZXRlSW50ZXJuEh4uY29ob3J0LnYxLkRlbGV0ZUludGVyblJlcXVlc3QaHy5jb2hvcnQudjEuRGVsZXRlSW50ZXJuUmVzcG9uc2VCNVozZ2l0aHViLmNvbS9jb2hvcnQtZGV2L2NvaG9ydC9nZW4vY29ob3J0L3YxO2NvaG9ydHYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChZjb2hvcnQvdjEvaW50ZXJuLnByb3RvEgljb2hvcnQudjEi7gEKBkludGVybhIKCgJpZBgBIAEoCRIUCgx3b3Jrc3BhY2VfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVtb2RlbBgEIAEoCRINCgVzdGF0ZRgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVhZ2VudBgIIAEoCRInCgZsaW1pdHMYCSABKAsyFy5jb2hvcnQudjEuSW50ZXJuTGltaXRzIv4BCgxJbnRlcm5MaW1pdHMSGQoMbWVtb3J5X2J5dGVzGAEgASgDSACIAQESGgoNbWF4X3Byb2Nlc3NlcxgCIAEoBUgBiAEBEhcKCmNwdV93ZWlnaHQYAyABKAVIAogBARIRCgRjcHVzGAQgASgBSAOIAQESGAoLdG1wZnNfYnl0ZXMYBSABKANIBIgBARIXCgpkaXNrX2J5dGVzGAYgASgDSAWIAQFCDwoNX21lbW9yeV9ieXRlc0IQCg5fbWF4X3Byb2Nlc3Nlc0INCgtfY3B1X3dlaWdodEIHCgVfY3B1c0IOCgxfdG1wZnNfYnl0ZXNCDQoLX2Rpc2tfYnl0ZXMigAEKE0NyZWF0ZUludGVyblJlcXVlc3QSFAoMd29ya3NwYWNlX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSDQoFbW9kZWwYAyABKAkSDQoFYWdlbnQYBCABKAkSJwoGbGltaXRzGAUgASgLMhcuY29ob3J0LnYxLkludGVybkxpbWl0cyI5ChRDcmVhdGVJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuIh4KEEdldEludGVyblJlcXVlc3QSCgoCaWQYASABKAkiNgoRR2V0SW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIqChJMaXN0SW50ZXJuc1JlcXVlc3QSFAoMd29ya3NwYWNlX2lkGAEgASgJIjkKE0xpc3RJbnRlcm5zUmVzcG9uc2USIgoHaW50ZXJucxgBIAMoCzIRLmNvaG9ydC52MS5JbnRlcm4iogEKE1VwZGF0ZUludGVyblJlcXVlc3QSCgoCaWQYASABKAkSEQoEbmFtZRgCIAEoCUgAiAEBEhIKBW1vZGVsGAMgASgJSAGIAQESEgoFYWdlbnQYBCABKAlIAogBARInCgZsaW1pdHMYBSABKAsyFy5jb2hvcnQudjEuSW50ZXJuTGltaXRzQgcKBV9uYW1lQggKBl9tb2RlbEIICgZfYWdlbnQiOQoUVXBkYXRlSW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIiChRTdXNwZW5kSW50ZXJuUmVxdWVzdBIKCgJpZBgBIAEoCSI6ChVTdXNwZW5kSW50ZXJuUmVzcG9uc2USIQoGaW50ZXJuGAEgASgLMhEuY29ob3J0LnYxLkludGVybiIhChNSZXN1bWVJbnRlcm5SZXF1ZXN0EgoKAmlkGAEgASgJIjkKFFJlc3VtZUludGVyblJlc3BvbnNlEiEKBmludGVybhgBIAEoCzIRLmNvaG9ydC52MS5JbnRlcm4iIQoTRGVsZXRlSW50ZXJuUmVxdWVzdBIKCgJpZBgBIAEoCSI5ChREZWxldGVJbnRlcm5SZXNwb25zZRIhCgZpbnRlcm4YASABKAsyES5jb2hvcnQudjEuSW50ZXJuMr0ECg1JbnRlcm5TZXJ2aWNlEk8KDENyZWF0ZUludGVybhIeLmNvaG9ydC52MS5DcmVhdGVJbnRlcm5SZXF1ZXN0Gh8uY29ob3J0LnYxLkNyZWF0ZUludGVyblJlc3BvbnNlEkYKCUdldEludGVybhIbLmNvaG9ydC52MS5HZXRJbnRlcm5SZXF1ZXN0GhwuY29ob3J0LnYxLkdldEludGVyblJlc3BvbnNlEkwKC0xpc3RJbnRlcm5zEh0uY29ob3J0LnYxLkxpc3RJbnRlcm5zUmVxdWVzdBoeLmNvaG9ydC52MS5MaXN0SW50ZXJuc1Jlc3BvbnNlEk8KDFVwZGF0ZUludGVybhIeLmNvaG9ydC52MS5VcGRhdGVJbnRlcm5SZXF1ZXN0Gh8uY29ob3J0LnYxLlVwZGF0ZUludGVyblJlc3BvbnNlElIKDVN1c3BlbmRJbnRlcm4SHy5jb2hvcnQudjEuU3VzcGVuZEludGVyblJlcXVlc3QaIC5jb2hvcnQudjEuU3VzcGVuZEludGVyblJlc3BvbnNlEk8KDFJlc3VtZUludGVybhIeLmNvaG9ydC52MS5SZXN1bWVJbnRlcm5SZXF1ZXN0Gh8uY29ob3J0LnYxLlJlc3VtZUludGVyblJlc3BvbnNlEk8KDERlbGV0ZUludGVybhIeLmNvaG9ydC52MS5EZWxldGVJbnRlcm5SZXF1ZXN0Gh8uY29ob3J0LnYxLkRlbGV0ZUludGVyblJlc3BvbnNlQjVaM2dpdGh1Yi5jb20vY29ob3J0LWRldi9jb2hvcnQvZ2VuL2NvaG9ydC92MTtjb2hvcnR2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message cohort.v1.Intern
@@ -66,6 +66,14 @@ export type Intern = Message<"cohort.v1.Intern"> & {
    * @generated from field: string agent = 8;
    */
   agent: string;
+
+  /**
+   * The intern's own bounds on its jail: only the fields set for it; the
+   * others are the operator's settings (cohort serve --intern-*).
+   *
+   * @generated from field: cohort.v1.InternLimits limits = 9;
+   */
+  limits?: InternLimits | undefined;
 };
 
 /**
@@ -74,6 +82,68 @@ export type Intern = Message<"cohort.v1.Intern"> & {
  */
 export const InternSchema: GenMessage<Intern> = /*@__PURE__*/
   messageDesc(file_cohort_v1_intern, 0);
+
+/**
+ * One intern's bounds on its jail (local provisioner; on Kubernetes memory
+ * and CPUs only), each at most the operator's setting for every intern
+ * (cohort serve --intern-*, where that is not 0: unbounded). An absent
+ * field, or 0 in an update, is the operator's setting. Setting them needs
+ * a management key; a change restarts the intern's jail.
+ *
+ * @generated from message cohort.v1.InternLimits
+ */
+export type InternLimits = Message<"cohort.v1.InternLimits"> & {
+  /**
+   * Memory of the jail in bytes (its processes, page cache and tmpfs
+   * together): 64 MiB to 1 TiB.
+   *
+   * @generated from field: optional int64 memory_bytes = 1;
+   */
+  memoryBytes?: bigint | undefined;
+
+  /**
+   * Processes and threads at once: 32 to 4194304.
+   *
+   * @generated from field: optional int32 max_processes = 2;
+   */
+  maxProcesses?: number | undefined;
+
+  /**
+   * Share of the CPU when the host is busy: 1 to 10000, 100 an equal share.
+   *
+   * @generated from field: optional int32 cpu_weight = 3;
+   */
+  cpuWeight?: number | undefined;
+
+  /**
+   * Cap on CPU time in CPUs (0.5, 2): 0.01 to 1024.
+   *
+   * @generated from field: optional double cpus = 4;
+   */
+  cpus?: number | undefined;
+
+  /**
+   * Size of /tmp, and of /dev/shm, in bytes: 1 MiB to 1 TiB.
+   *
+   * @generated from field: optional int64 tmpfs_bytes = 5;
+   */
+  tmpfsBytes?: bigint | undefined;
+
+  /**
+   * Disk of the intern's directory in bytes (each file's size where the
+   * file system has no quota): 1 MiB to 1 PiB.
+   *
+   * @generated from field: optional int64 disk_bytes = 6;
+   */
+  diskBytes?: bigint | undefined;
+};
+
+/**
+ * Describes the message cohort.v1.InternLimits.
+ * Use `create(InternLimitsSchema)` to create a new message.
+ */
+export const InternLimitsSchema: GenMessage<InternLimits> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_intern, 1);
 
 /**
  * @generated from message cohort.v1.CreateInternRequest
@@ -100,6 +170,14 @@ export type CreateInternRequest = Message<"cohort.v1.CreateInternRequest"> & {
    * @generated from field: string agent = 4;
    */
   agent: string;
+
+  /**
+   * The intern's own bounds (a management key only); unset fields are the
+   * operator's settings.
+   *
+   * @generated from field: cohort.v1.InternLimits limits = 5;
+   */
+  limits?: InternLimits | undefined;
 };
 
 /**
@@ -107,7 +185,7 @@ export type CreateInternRequest = Message<"cohort.v1.CreateInternRequest"> & {
  * Use `create(CreateInternRequestSchema)` to create a new message.
  */
 export const CreateInternRequestSchema: GenMessage<CreateInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 1);
+  messageDesc(file_cohort_v1_intern, 2);
 
 /**
  * @generated from message cohort.v1.CreateInternResponse
@@ -124,7 +202,7 @@ export type CreateInternResponse = Message<"cohort.v1.CreateInternResponse"> & {
  * Use `create(CreateInternResponseSchema)` to create a new message.
  */
 export const CreateInternResponseSchema: GenMessage<CreateInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 2);
+  messageDesc(file_cohort_v1_intern, 3);
 
 /**
  * @generated from message cohort.v1.GetInternRequest
@@ -141,7 +219,7 @@ export type GetInternRequest = Message<"cohort.v1.GetInternRequest"> & {
  * Use `create(GetInternRequestSchema)` to create a new message.
  */
 export const GetInternRequestSchema: GenMessage<GetInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 3);
+  messageDesc(file_cohort_v1_intern, 4);
 
 /**
  * @generated from message cohort.v1.GetInternResponse
@@ -158,7 +236,7 @@ export type GetInternResponse = Message<"cohort.v1.GetInternResponse"> & {
  * Use `create(GetInternResponseSchema)` to create a new message.
  */
 export const GetInternResponseSchema: GenMessage<GetInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 4);
+  messageDesc(file_cohort_v1_intern, 5);
 
 /**
  * @generated from message cohort.v1.ListInternsRequest
@@ -175,7 +253,7 @@ export type ListInternsRequest = Message<"cohort.v1.ListInternsRequest"> & {
  * Use `create(ListInternsRequestSchema)` to create a new message.
  */
 export const ListInternsRequestSchema: GenMessage<ListInternsRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 5);
+  messageDesc(file_cohort_v1_intern, 6);
 
 /**
  * @generated from message cohort.v1.ListInternsResponse
@@ -192,7 +270,7 @@ export type ListInternsResponse = Message<"cohort.v1.ListInternsResponse"> & {
  * Use `create(ListInternsResponseSchema)` to create a new message.
  */
 export const ListInternsResponseSchema: GenMessage<ListInternsResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 6);
+  messageDesc(file_cohort_v1_intern, 7);
 
 /**
  * @generated from message cohort.v1.UpdateInternRequest
@@ -217,6 +295,14 @@ export type UpdateInternRequest = Message<"cohort.v1.UpdateInternRequest"> & {
    * @generated from field: optional string agent = 4;
    */
   agent?: string | undefined;
+
+  /**
+   * Each field set replaces the intern's bound (0: back to the operator's
+   * setting); unset fields are kept. A management key only.
+   *
+   * @generated from field: cohort.v1.InternLimits limits = 5;
+   */
+  limits?: InternLimits | undefined;
 };
 
 /**
@@ -224,7 +310,7 @@ export type UpdateInternRequest = Message<"cohort.v1.UpdateInternRequest"> & {
  * Use `create(UpdateInternRequestSchema)` to create a new message.
  */
 export const UpdateInternRequestSchema: GenMessage<UpdateInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 7);
+  messageDesc(file_cohort_v1_intern, 8);
 
 /**
  * @generated from message cohort.v1.UpdateInternResponse
@@ -241,7 +327,7 @@ export type UpdateInternResponse = Message<"cohort.v1.UpdateInternResponse"> & {
  * Use `create(UpdateInternResponseSchema)` to create a new message.
  */
 export const UpdateInternResponseSchema: GenMessage<UpdateInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 8);
+  messageDesc(file_cohort_v1_intern, 9);
 
 /**
  * @generated from message cohort.v1.SuspendInternRequest
@@ -258,7 +344,7 @@ export type SuspendInternRequest = Message<"cohort.v1.SuspendInternRequest"> & {
  * Use `create(SuspendInternRequestSchema)` to create a new message.
  */
 export const SuspendInternRequestSchema: GenMessage<SuspendInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 9);
+  messageDesc(file_cohort_v1_intern, 10);
 
 /**
  * @generated from message cohort.v1.SuspendInternResponse
@@ -275,7 +361,7 @@ export type SuspendInternResponse = Message<"cohort.v1.SuspendInternResponse"> &
  * Use `create(SuspendInternResponseSchema)` to create a new message.
  */
 export const SuspendInternResponseSchema: GenMessage<SuspendInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 10);
+  messageDesc(file_cohort_v1_intern, 11);
 
 /**
  * @generated from message cohort.v1.ResumeInternRequest
@@ -292,7 +378,7 @@ export type ResumeInternRequest = Message<"cohort.v1.ResumeInternRequest"> & {
  * Use `create(ResumeInternRequestSchema)` to create a new message.
  */
 export const ResumeInternRequestSchema: GenMessage<ResumeInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 11);
+  messageDesc(file_cohort_v1_intern, 12);
 
 /**
  * @generated from message cohort.v1.ResumeInternResponse
@@ -309,7 +395,7 @@ export type ResumeInternResponse = Message<"cohort.v1.ResumeInternResponse"> & {
  * Use `create(ResumeInternResponseSchema)` to create a new message.
  */
 export const ResumeInternResponseSchema: GenMessage<ResumeInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 12);
+  messageDesc(file_cohort_v1_intern, 13);
 
 /**
  * @generated from message cohort.v1.DeleteInternRequest
@@ -326,7 +412,7 @@ export type DeleteInternRequest = Message<"cohort.v1.DeleteInternRequest"> & {
  * Use `create(DeleteInternRequestSchema)` to create a new message.
  */
 export const DeleteInternRequestSchema: GenMessage<DeleteInternRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 13);
+  messageDesc(file_cohort_v1_intern, 14);
 
 /**
  * @generated from message cohort.v1.DeleteInternResponse
@@ -343,7 +429,7 @@ export type DeleteInternResponse = Message<"cohort.v1.DeleteInternResponse"> & {
  * Use `create(DeleteInternResponseSchema)` to create a new message.
  */
 export const DeleteInternResponseSchema: GenMessage<DeleteInternResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_intern, 14);
+  messageDesc(file_cohort_v1_intern, 15);
 
 /**
  * InternService manages intern records. A workspace key acts on its own
