@@ -33,6 +33,7 @@ type adminEnv struct {
 	in   *interns.Service
 	out  io.Writer
 	json bool
+	init bool // --init: create what is missing (database, data directory, KEK)
 	f    *adminFlags
 	fed  *fedFlagSet
 	cfg  config.Config
@@ -325,7 +326,7 @@ func protos[T proto.Message](in []T) []proto.Message {
 }
 
 func adminUsage(w io.Writer) {
-	fmt.Fprintln(w, "Usage: cohort admin <noun> <verb> [flags] [--json]\n\nCommands:")
+	fmt.Fprintln(w, "Usage: cohort admin [flags] <noun> <verb> [flags]\n\nCommands:")
 	names := make([]string, 0, len(adminCmds))
 	for n := range adminCmds {
 		names = append(names, n)
@@ -334,30 +335,41 @@ func adminUsage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-18s %s\n", n, adminCmds[n].help)
 	}
-	fmt.Fprintln(w, "\nCommon flags: --data-dir, --database-url (as for serve), --json")
+	fmt.Fprintln(w, `
+Common flags (before or after the command): --data-dir, --database-url, --kek-file (as for serve), --json.
+The database must exist (cohort serve or cohort migrate made it); --init creates it,
+and the data directory and key-encryption key, when missing.`)
+}
+
+// parseInterspersed parses flags wherever they stand among args and returns
+// the other words in order: the standard flag package stops at the first
+// word, so `admin --data-dir X org list` and `admin org list --data-dir X`
+// both need a parse per word.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return words, nil
+		}
+		words = append(words, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }
 
 func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) < 2 || args[0] == "help" {
-		adminUsage(stdout)
-		if len(args) > 0 && args[0] == "help" {
-			return nil
-		}
-		return errors.New("missing admin command")
-	}
-	name := args[0] + " " + args[1]
-	cmd, ok := adminCmds[name]
-	if !ok {
-		adminUsage(stderr)
-		return fmt.Errorf("unknown admin command %q", name)
-	}
 	cfg := config.Default()
 	f := &adminFlags{}
 	e := &adminEnv{out: stdout, f: f}
-	fs := flag.NewFlagSet("admin "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	// A mistyped flag gets its error and a pointer, not every command.
+	fs.Usage = func() { fmt.Fprintln(stderr, `Run "cohort admin help" for the commands and flags.`) }
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&e.json, "json", false, "print JSON")
+	fs.BoolVar(&e.init, "init", false, "create the database, the data directory and the key-encryption key when missing (without it admin refuses to)")
 	for flagName, p := range map[string]*string{"org": &f.org, "user": &f.user, "workspace": &f.workspace, "id": &f.id, "name": &f.name,
 		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "agent": &f.agent, "description": &f.description,
 		"url": &f.url, "secret-file": &f.secretFile} {
@@ -370,13 +382,34 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, register := range adminFlagHooks {
 		register(fs, e)
 	}
-	if err := fs.Parse(args[2:]); err != nil {
+	words, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		adminUsage(stdout)
+		fmt.Fprintln(stdout, "\nFlags:")
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if len(words) > 0 && words[0] == "help" {
+		adminUsage(stdout)
+		return nil
 	}
-	db, err := openDB(ctx, cfg)
+	if len(words) < 2 {
+		adminUsage(stderr)
+		return errors.New("missing admin command")
+	}
+	name := words[0] + " " + words[1]
+	cmd, ok := adminCmds[name]
+	if !ok {
+		return fmt.Errorf("unknown admin command %q (cohort admin help lists them)", name)
+	}
+	if len(words) > 2 {
+		return fmt.Errorf("unexpected argument %q", words[2])
+	}
+	db, err := openAdminDB(ctx, cfg, e.init)
 	if err != nil {
 		return err
 	}

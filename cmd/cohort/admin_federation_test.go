@@ -35,7 +35,7 @@ func TestAdminFederationCommands(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	var org, user, ws, key, iss, pol obj
-	mustCLI(t, dir, &org, "org", "create", "--name", "Acme", "--workload-identity")
+	mustCLI(t, dir, &org, "--init", "org", "create", "--name", "Acme", "--workload-identity")
 	o := org["id"].(string)
 	mustCLI(t, dir, &user, "user", "create", "--org", o, "--email", "a@acme.test", "--role", "admin")
 	u := user["id"].(string)

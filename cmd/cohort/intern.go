@@ -258,7 +258,7 @@ func internRegister(ctx context.Context, e *adminEnv) error {
 	if err != nil {
 		return err
 	}
-	kek, err := loadKEK(e.cfg)
+	kek, err := adminKEK(e)
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func TestAdminInternLimits(t *testing.T) {
 				}
 				return m
 			}
-			org := one("org", "create", "--name", "Acme", "--interns-programme")["id"].(string)
+			org := one("--init", "org", "create", "--name", "Acme", "--interns-programme")["id"].(string)
 			uid := one("user", "create", "--org", org, "--email", "ops@acme.test", "--role", "admin")["id"].(string)
 			ws := one("workspace", "create", "--org", org, "--user", uid, "--name", "Ops")["id"].(string)
 			in := one("intern", "create", "--org", org, "--workspace", ws, "--name", "bot",

@@ -145,7 +145,7 @@ func TestAdminCLI(t *testing.T) {
 	t.Parallel()
 	db := []string{"--data-dir", t.TempDir()}
 	var org map[string]any
-	out, err := cli(t, append([]string{"admin", "org", "create", "--name", "Acme", "--interns-programme", "--json"}, db...)...)
+	out, err := cli(t, append([]string{"admin", "--init", "org", "create", "--name", "Acme", "--interns-programme", "--json"}, db...)...)
 	if err != nil || json.Unmarshal([]byte(out), &org) != nil {
 		t.Fatalf("org create: %v %s", err, out)
 	}

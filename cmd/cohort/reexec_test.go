@@ -179,7 +179,7 @@ func TestAdminInternRegister(t *testing.T) {
 		}
 		return m
 	}
-	org := run1("admin", "org", "create", "--name", "Remote", "--interns-programme")["id"].(string)
+	org := run1("admin", "--init", "org", "create", "--name", "Remote", "--interns-programme")["id"].(string)
 	uid := run1("admin", "user", "create", "--org", org, "--email", "ops@remote.test")["id"].(string)
 	ws := run1("admin", "workspace", "create", "--org", org, "--user", uid, "--name", "W")["id"].(string)
 	id := run1("admin", "intern", "create", "--org", org, "--workspace", ws, "--name", "far")["id"].(string)
@@ -199,7 +199,16 @@ func TestAdminInternRegister(t *testing.T) {
 
 	secretFile := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secretFile, []byte("wrong\n"), 0o600)
-	if _, err := cli(t, append([]string{"admin", "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile}, db...)...); err == nil || !strings.Contains(err.Error(), "intern_unreachable") {
+	// No gateway ever started here, so there is no KEK yet: admin does not
+	// make one up unless told to (--init).
+	kekFile := filepath.Join(dataDir, "kek.json")
+	if _, err := cli(t, append([]string{"admin", "intern", "register", "--id", id, "--url", srv.URL, "--secret-file", secretFile}, db...)...); err == nil || !strings.Contains(err.Error(), "no key-encryption key at "+kekFile) || !strings.Contains(err.Error(), "--init") {
+		t.Fatalf("register without a KEK: %v", err)
+	}
+	if _, err := os.Stat(kekFile); !os.IsNotExist(err) {
+		t.Fatalf("admin created %s without --init: %v", kekFile, err)
+	}
+	if _, err := cli(t, append([]string{"admin", "intern", "register", "--init", "--id", id, "--url", srv.URL, "--secret-file", secretFile}, db...)...); err == nil || !strings.Contains(err.Error(), "intern_unreachable") {
 		t.Fatalf("a wrong secret must be refused: %v", err)
 	}
 	os.WriteFile(secretFile, []byte(secret+"\n"), 0o600)
