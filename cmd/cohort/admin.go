@@ -398,7 +398,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	if len(words) < 2 {
-		adminUsage(stderr)
+		adminUsage(stdout)
 		return errors.New("missing admin command")
 	}
 	name := words[0] + " " + words[1]
