@@ -19,6 +19,7 @@ import (
 
 	"github.com/uptrace/bun"
 
+	"github.com/cohort-dev/cohort/internal/buildinfo"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -32,6 +33,7 @@ Usage:
   cohort migrate [flags]       apply database migrations and exit
   cohort intern  [flags]       run one intern's daemon (started by serve's local provisioner, or by you)
   cohort agent   [flags]       the built-in ACP agent on stdin/stdout
+  cohort version               print the version, commit and Go version (also --version)
 
 The load commands of docs/benchmarks.md are a separate command: go run ./cmd/cohort-bench.
 
@@ -90,6 +92,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "bench":
 		return errors.New(strings.TrimSpace("the load commands left the product binary: go run ./cmd/cohort-bench " + strings.Join(args[1:], " ")))
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, buildinfo.Get())
+		return nil
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -36,6 +36,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon in a jail; remote: the operator runs them and registers each; kubernetes: each awake intern is a Pod (COHORT_PROVISIONER)")
 	kube := kubeFlags(fs)
+	corsOrigins := fs.String("cors-allow-origins", env("COHORT_CORS_ALLOW_ORIGINS", ""), "comma-separated origins (https://app.example.com) whose browser pages may call the API from another origin; empty: none (COHORT_CORS_ALLOW_ORIGINS)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
 	egressAllow := fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
@@ -75,6 +76,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.RegionalHosts = splitList(*regional)
+	cfg.CORSAllowOrigins = splitList(*corsOrigins)
+	if _, err := server.ParseOrigins(cfg.CORSAllowOrigins); err != nil {
+		return fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
+	}
 	cfg.JailReadOnly = splitList(*jailRO)
 	cfg.InternEgressAllow = splitList(*egressAllow)
 	if _, err := safehttp.ParseAllowlist(cfg.InternEgressAllow); err != nil {

@@ -15,7 +15,7 @@ type flagGroup struct {
 // serveGroups orders `cohort serve -h` by what an operator is setting up.
 // Every serve flag is in one group (TestServeHelpGroupsEveryFlag).
 var serveGroups = []flagGroup{
-	{"Server", []string{"listen", "log-level", "shutdown-timeout", "metrics-listen", "regional-hosts", "no-bootstrap"}},
+	{"Server", []string{"listen", "log-level", "shutdown-timeout", "metrics-listen", "regional-hosts", "cors-allow-origins", "no-bootstrap"}},
 	{"Storage and keys", []string{"data-dir", "database-url", "kek-file", "redis-url"}},
 	{"Interns", []string{"provisioner", "intern-idle-timeout", "intern-start-concurrency", "max-awake-interns", "interaction-deadline", "jail-orphan-timeout", "jail-ro-bind", "intern-egress-allow-hosts", "http-tool-ca-file", "unsafe-shared-host"}},
 	{"Limits of each intern's jail (--provisioner local)", []string{"intern-memory", "intern-max-processes", "intern-cpu-weight", "intern-cpus", "intern-tmpfs", "intern-disk"}},

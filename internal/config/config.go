@@ -43,6 +43,11 @@ type Config struct {
 	// serving Prometheus metrics; the server then counts what it does.
 	MetricsListen string
 
+	// CORSAllowOrigins are the browser origins (scheme://host[:port]) whose
+	// pages may call the API (under /api/) from another origin: preflights
+	// are answered and answers readable for them alone. Empty: none.
+	CORSAllowOrigins []string
+
 	// RedisURL (redis:// or rediss://), when set, keeps rate limits in
 	// Redis so that replicas share them; empty keeps them in memory.
 	RedisURL string

@@ -17,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/accounts"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/buildinfo"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interns"
@@ -139,8 +140,13 @@ func (s *Server) routes() []route {
 			rest.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		}},
 		{pattern: "GET /readyz", access: public, handler: s.ready},
+		{pattern: "GET /version", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
+			rest.WriteJSON(w, http.StatusOK, buildinfo.Get())
+		}},
+		// The console at "/" and its files; any other path is a plain 404
+		// (web.Handler), and under /api/ a 404 in the API's error shape.
 		{pattern: "/", access: public, handler: web.Handler().ServeHTTP},
-		{pattern: Prefix + "/", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
+		{pattern: "/api/", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
 			rest.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
 		}},
 	}

@@ -66,6 +66,9 @@ type Server struct {
 	// the configuration has a metrics listener (serve serves its Handler).
 	Metrics *metrics.Metrics
 
+	// origins are the other origins whose pages may call the API (CORS).
+	origins []string
+
 	stopRun context.CancelFunc
 	closers []func() error
 }
@@ -124,6 +127,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if err != nil {
 		return nil, err
 	}
+	origins, err := ParseOrigins(cfg.CORSAllowOrigins)
+	if err != nil {
+		return nil, fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
+	}
 	switch cfg.Provisioner {
 	case "", provision.Local, provision.Remote:
 	case provision.Kubernetes:
@@ -159,6 +166,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout},
 		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
 		Federation: fed,
+		origins:    origins,
 	}
 	defer func() {
 		if err != nil {
@@ -288,7 +296,8 @@ func (s *Server) Close() {
 }
 
 // Handler returns the gateway's HTTP handler: the declared routes, each
-// behind what it admits, with the access log and streaming deadlines.
+// behind what it admits, with the access log, streaming deadlines and CORS
+// for the API.
 func (s *Server) Handler() http.Handler {
 	mux, err := s.mux()
 	if err != nil {
@@ -299,7 +308,7 @@ func (s *Server) Handler() http.Handler {
 	if s.Metrics != nil {
 		observe = s.Metrics.Request
 	}
-	return accesslog.Handler(s.Log, streamdeadline.Handler(mux, sse.DefaultWriteTimeout), observe)
+	return accesslog.Handler(s.Log, streamdeadline.Handler(cors(s.origins, mux), sse.DefaultWriteTimeout), observe)
 }
 
 // HTTPServer wraps h in an http.Server that speaks HTTP/1.1 and h2c, with
