@@ -1,11 +1,9 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/modelserver"
@@ -74,38 +71,7 @@ func startAs(t *testing.T, u testutil.User, bin, dir, name string, env []string,
 		groups = append(groups, uint32(g))
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID), Groups: groups}}
-	p := &proc{name: name, cmd: cmd, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
-				}
-			}
-		}
-		io.Copy(io.Discard, out)
-	}()
-	go func() { cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() { p.Stop(t) })
-	select {
-	case p.URL = <-addr:
-	case <-p.done:
-		t.Fatalf("%s exited before listening:\n%s", name, p.stderr)
-	case <-time.After(wait):
-		t.Fatalf("%s did not listen within %v:\n%s", name, wait, p.stderr)
-	}
-	return p
+	return startCmd(t, name, cmd)
 }
 
 // userDir is a new directory owned by u (root's when UID 0), mode 0700,

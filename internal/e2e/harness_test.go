@@ -77,6 +77,13 @@ func startIn(t testing.TB, dir, name string, env []string, args ...string) *proc
 	cmd := exec.Command(cohortBin, args...)
 	cmd.Dir = dir
 	cmd.Env = append(cleanEnv(), env...)
+	return startCmd(t, name, cmd)
+}
+
+// startCmd starts a prepared `cohort` command and waits for the address it
+// prints.
+func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
+	t.Helper()
 	p := &proc{name: name, cmd: cmd, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
