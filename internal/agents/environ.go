@@ -16,9 +16,12 @@ var passNames = map[string]bool{
 	"COHORT_CPUPROFILE": true,
 }
 
-// passPrefixes are the families that pass: the locale's categories and
-// the built-in agent's settings (its flags' COHORT_AGENT_* twins).
-var passPrefixes = []string{"LC_", "COHORT_AGENT_"}
+// passPrefixes are the families that pass: the locale's categories, the
+// built-in agent's settings (its flags' COHORT_AGENT_* twins), and the
+// tracing settings it exports its spans with (OTEL_*, in a jail the trace
+// relay's address), except the exporter's headers (OTEL_*_HEADERS), which
+// may hold a collector's credentials: a jail's relay adds them.
+var passPrefixes = []string{"LC_", "COHORT_AGENT_", "OTEL_"}
 
 // Environ is what of a daemon's environment reaches its agent: an
 // allowlist (passNames, passPrefixes), the same for every daemon, jailed,
@@ -55,6 +58,9 @@ var openAITwins = map[string]string{"OPENAI_API_KEY": "COHORT_AGENT_API_KEY", "O
 func Passes(name string) bool {
 	if passNames[name] {
 		return true
+	}
+	if strings.HasPrefix(name, "OTEL_") && strings.HasSuffix(name, "_HEADERS") {
+		return false
 	}
 	for _, p := range passPrefixes {
 		if strings.HasPrefix(name, p) {

@@ -866,6 +866,7 @@ func TestAgentEnvironment(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "sk-not-this-one") // COHORT_AGENT_API_KEY wins
 	t.Setenv("OPENAI_BASE_URL", "http://models.example/v1")
 	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer x")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
 	t.Setenv("HOME", "/home/op")
 	t.Setenv("LANG", "C.UTF-8")
 	t.Setenv("LC_TIME", "C")
@@ -875,10 +876,10 @@ func TestAgentEnvironment(t *testing.T) {
 	for name, want := range map[string]string{"COHORT_INTERN_SECRET": "[]", "COHORT_DATABASE_URL": "[]",
 		"AWS_SECRET_ACCESS_KEY": "[]", "FOO_TOKEN": "[]", "OPENAI_API_KEY": "[]", "OPENAI_BASE_URL": "[]",
 		"OTEL_EXPORTER_OTLP_HEADERS": "[]",
-		"COHORT_AGENT_API_KEY": "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]",
+		"COHORT_AGENT_API_KEY":       "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]",
 		"COHORT_AGENT_BASE_URL": "[http://models.example/v1]",
-		"PATH": "[" + os.Getenv("PATH") + "]", "HOME": "[/home/op]", "LANG": "[C.UTF-8]", "LC_TIME": "[C]",
-		"TZ": "[UTC]", "NO_PROXY": "[internal.example]",
+		"PATH":                  "[" + os.Getenv("PATH") + "]", "HOME": "[/home/op]", "LANG": "[C.UTF-8]", "LC_TIME": "[C]",
+		"TZ": "[UTC]", "NO_PROXY": "[internal.example]", "OTEL_BSP_SCHEDULE_DELAY": "[50]",
 		// The catalog's (here the test harness's) own settings are added.
 		"INTERND_TEST_AGENT": "[1]"} {
 		evs, err := e.start(t, "s", "env "+name, selfDrive)

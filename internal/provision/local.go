@@ -315,12 +315,12 @@ func (p *Provisioner) isLeaving() bool {
 // daemonEnviron is what of the gateway's environment an unjailed daemon
 // gets: what its agent may have (agents.Environ's allowlist, which keeps
 // the gateway's COHORT_* settings and any cloud key or token out), and the
-// daemon's own tracing settings (OTEL_*), which its agent does not get.
-// A daemon is configured by its flags.
+// OTEL_*_HEADERS its own trace exporter may need, which its agent does not
+// get. A daemon is configured by its flags.
 func daemonEnviron(env []string) []string {
 	out := agents.Environ(env)
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "OTEL_") {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "OTEL_") && !agents.Passes(name) {
 			out = append(out, kv)
 		}
 	}
