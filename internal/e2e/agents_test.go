@@ -525,3 +525,29 @@ func optionKinds(t *testing.T, args map[string]any) map[string]bool {
 	}
 	return out
 }
+
+// TestThirdPartyAgentsUnjailed runs every known agent under an unjailed
+// `cohort intern` (the remote provisioner's daemon), whose agent gets its
+// environment from the allowlist plus its profile's settings: that is
+// enough for each to answer a turn. The operator's other variables do not
+// reach it (the model sees the key the daemon was given, not the shell's).
+func TestThirdPartyAgentsUnjailed(t *testing.T) {
+	c, gw := newCluster(t, "")
+	for _, p := range agents.All() {
+		t.Run(p.Name, func(t *testing.T) {
+			modules := requireAgent(t, p)
+			s := &script{agent: p.Name}
+			model := modelserver.Start(t, s.reply)
+			key := randomCanary("provider-key")
+			d := c.Daemon(t, c.NewIntern(t, p.Name), []string{"AWS_SECRET_ACCESS_KEY=e2e-aws", "OPENAI_API_KEY=e2e-shell-key"},
+				"--agent", p.Name, "--agent-modules", modules, "--agent-base-url", "http://"+model.Addr, "--agent-key-placeholder", key)
+			res := readAll(t, chat(t, gw, c.WK, d.id, user("cohort-say: hello unjailed")))
+			if res.Finish != "stop" || !strings.Contains(res.Text, "echo: hello unjailed") {
+				t.Fatalf("text turn: finish %q text %q error %v", res.Finish, res.Text, res.Error)
+			}
+			if keys := s.sawKeys(); len(keys) == 0 || keys[len(keys)-1] != key {
+				t.Fatalf("the model saw keys %v, want the daemon's", keys)
+			}
+		})
+	}
+}

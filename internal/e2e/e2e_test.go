@@ -49,6 +49,17 @@ func TestRunStates(t *testing.T) {
 		}
 	})
 
+	t.Run("a remote daemon's agent gets its environment through the allowlist", func(t *testing.T) {
+		t.Parallel()
+		// E2E_CANARY has no secret-looking name, so the shell tool's own
+		// filter would let it through: only the daemon's allowlist stops it.
+		d := c.Daemon(t, c.NewIntern(t, "environ"), []string{"AWS_SECRET_ACCESS_KEY=e2e-aws", "E2E_CANARY=e2e-canary", "LANG=C.UTF-8"})
+		s := readAll(t, chat(t, gw, key, d.id, user("$ echo canary=[$E2E_CANARY] aws=[$AWS_SECRET_ACCESS_KEY] lang=[$LANG] path=[$PATH]")))
+		if !strings.Contains(s.Text, "canary=[] aws=[] lang=[C.UTF-8] path=[/") || strings.Contains(s.Text, "e2e-") {
+			t.Fatalf("the agent's command saw %q", s.Text)
+		}
+	})
+
 	t.Run("paused, caller leaves, tool reply resumes the same run under its original mode", func(t *testing.T) {
 		t.Parallel()
 		d := c.Daemon(t, c.NewIntern(t, "pause"), nil)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,6 +89,9 @@ func TestLocalProvisionerFailsClosed(t *testing.T) {
 // and in /readyz, and the demo intern answers.
 func TestUnsafeSharedHostWarns(t *testing.T) {
 	cmd := onMachineWithoutUserNamespaces(t, "--unsafe-shared-host")
+	// What the operator's shell holds besides Cohort's settings: neither
+	// the unjailed daemon nor its agent may get it.
+	cmd.Env = append(cmd.Env, "AWS_SECRET_ACCESS_KEY=e2e-aws", "E2E_CANARY=e2e-canary")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -135,5 +139,37 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || body["status"] != "ready" || !strings.Contains(body["warning"], "unjailed") {
 		t.Fatalf("/readyz: %d %v", res.StatusCode, body)
+	}
+
+	// The demo intern's command (run unsandboxed here, a child of the
+	// agent) names what of PATH and the canaries its agent ($PPID) holds.
+	var data string
+	for i, a := range cmd.Args {
+		if a == "--data-dir" {
+			data = cmd.Args[i+1]
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(data, "bootstrap.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot map[string]string
+	json.Unmarshal(b, &boot)
+	s := readAll(t, chat(t, p, boot["workspace_key"], boot["intern_id"], user(
+		`$ echo "agent:$(tr '\0' '\n' < /proc/$PPID/environ | grep -e ^PATH= -e ^AWS_ -e ^E2E_ | cut -d= -f1 | sort | tr '\n' ,)"`)))
+	if !strings.Contains(s.Text, `agent:PATH,\n`) {
+		t.Fatalf("the agent's environment: %q", s.Text)
+	}
+	// The daemon is not dumpable: the test reads its environment itself.
+	m := regexp.MustCompile(`"msg":"intern daemon running".*?"pid":(\d+)`).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("no daemon pid in the log:\n%s", stderr)
+	}
+	env, err := os.ReadFile("/proc/" + m[1] + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(env), "\x00PATH=") && !strings.HasPrefix(string(env), "PATH=") || strings.Contains(string(env), "e2e-") {
+		t.Fatalf("the unjailed daemon's environment: %q", env)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd/acptap"
 	"github.com/cohort-dev/cohort/internal/jail"
@@ -127,7 +127,10 @@ func (d *Daemon) ensureAgent(ctx context.Context) (*agentProc, error) {
 func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 	cmd := exec.Command(d.cfg.AgentCommand[0], d.cfg.AgentCommand[1:]...)
 	cmd.Dir = d.work
-	cmd.Env = append(agentEnviron(os.Environ()), d.cfg.AgentEnv...)
+	// From an allowlist, as every daemon does (agents.Environ): the host's
+	// or the operator's other variables (cloud keys, tokens, Cohort's own
+	// settings) are no business of the agent or of what it runs.
+	cmd.Env = append(agents.Environ(os.Environ()), d.cfg.AgentEnv...)
 	// The built-in agent's settings (its flags' COHORT_AGENT_* twins): the
 	// intern's model, and a state directory so that session/load works
 	// across restarts. Other agents ignore them.
@@ -194,23 +197,6 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 		}
 	}
 	return a, info, nil
-}
-
-// agentEnviron is the daemon's environment minus Cohort's own settings
-// (COHORT_*: the daemon secret, the gateway's database URL…), which are no
-// business of the agent or of the commands it runs. The built-in agent's
-// settings (COHORT_AGENT_*) pass, and so does COHORT_CPUPROFILE (a file
-// prefix, no secret), so that `cohort-bench chat --profile-dir` profiles
-// the agent too.
-func agentEnviron(env []string) []string {
-	out := env[:0:0]
-	for _, kv := range env {
-		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") && !strings.HasPrefix(kv, "COHORT_CPUPROFILE=") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 // agentStderr logs what the agent writes on stderr, line by line.

@@ -851,15 +851,37 @@ func TestSeveredStream(t *testing.T) {
 	}
 }
 
-// The agent (and what it runs) never sees Cohort's own settings, such as
-// the daemon secret; the built-in agent's COHORT_AGENT_* settings pass.
+// The agent (and what it runs) gets the daemon's environment through an
+// allowlist: never Cohort's own settings, such as the daemon secret, nor
+// anything else the host or the operator's shell holds (a cloud key, a
+// token); the built-in agent's COHORT_AGENT_* settings and the basics
+// (PATH, HOME, locale, time zone, proxies) pass.
 func TestAgentEnvironment(t *testing.T) {
+	token := fmt.Sprintf("tok-%d", time.Now().UnixNano())
 	t.Setenv("COHORT_INTERN_SECRET", "leaked-secret")
 	t.Setenv("COHORT_DATABASE_URL", "postgres://user:pw@db/x")
 	t.Setenv("COHORT_AGENT_API_KEY", "for-the-agent")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+	t.Setenv("FOO_TOKEN", token)
+	t.Setenv("OPENAI_API_KEY", "sk-not-this-one") // COHORT_AGENT_API_KEY wins
+	t.Setenv("OPENAI_BASE_URL", "http://models.example/v1")
+	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer x")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	t.Setenv("HOME", "/home/op")
+	t.Setenv("LANG", "C.UTF-8")
+	t.Setenv("LC_TIME", "C")
+	t.Setenv("TZ", "UTC")
+	t.Setenv("NO_PROXY", "internal.example")
 	e := newEnv(t)
 	for name, want := range map[string]string{"COHORT_INTERN_SECRET": "[]", "COHORT_DATABASE_URL": "[]",
-		"COHORT_AGENT_API_KEY": "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]"} {
+		"AWS_SECRET_ACCESS_KEY": "[]", "FOO_TOKEN": "[]", "OPENAI_API_KEY": "[]", "OPENAI_BASE_URL": "[]",
+		"OTEL_EXPORTER_OTLP_HEADERS": "[]",
+		"COHORT_AGENT_API_KEY":       "[for-the-agent]", "COHORT_AGENT_MODEL": "[cohort/demo]",
+		"COHORT_AGENT_BASE_URL": "[http://models.example/v1]",
+		"PATH":                  "[" + os.Getenv("PATH") + "]", "HOME": "[/home/op]", "LANG": "[C.UTF-8]", "LC_TIME": "[C]",
+		"TZ": "[UTC]", "NO_PROXY": "[internal.example]", "OTEL_BSP_SCHEDULE_DELAY": "[50]",
+		// The catalog's (here the test harness's) own settings are added.
+		"INTERND_TEST_AGENT": "[1]"} {
 		evs, err := e.start(t, "s", "env "+name, selfDrive)
 		mustOK(t, err)
 		if got := text(evs); got != want {

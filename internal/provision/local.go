@@ -18,6 +18,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/store"
 )
@@ -311,17 +312,17 @@ func (p *Provisioner) isLeaving() bool {
 	return p.leaving
 }
 
-// daemonEnviron is the gateway's environment minus its COHORT_* settings
-// (database URL, key file…): a daemon is configured by its flags, and the
-// gateway's settings must not reach the agent. The built-in agent's
-// settings (COHORT_AGENT_*) pass.
+// daemonEnviron is what of the gateway's environment an unjailed daemon
+// gets: what its agent may have (agents.Environ's allowlist, which keeps
+// the gateway's COHORT_* settings and any cloud key or token out), and the
+// OTEL_*_HEADERS its own trace exporter may need, which its agent does not
+// get. A daemon is configured by its flags.
 func daemonEnviron(env []string) []string {
-	out := env[:0:0]
+	out := agents.Environ(env)
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "COHORT_") && !strings.HasPrefix(kv, "COHORT_AGENT_") {
-			continue
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "OTEL_") && !agents.Passes(name) {
+			out = append(out, kv)
 		}
-		out = append(out, kv)
 	}
 	return out
 }
