@@ -24,7 +24,8 @@ type User struct {
 // NewUser creates a host user (and its own group) for the test, a member
 // of the extra groups (created too), with a subordinate uid and gid range
 // if subIDs; the test's cleanup deletes them all. It needs root: without
-// it the test is skipped (failed under CI).
+// it, or with subIDs without newuidmap and newgidmap, the test is skipped
+// (failed under CI).
 func NewUser(t testing.TB, prefix string, subIDs bool, groups ...string) User {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -32,6 +33,16 @@ func NewUser(t testing.TB, prefix string, subIDs bool, groups ...string) User {
 			t.Fatal("creating a test user needs root")
 		}
 		t.Skip("SKIPPING: creating a test user needs root")
+	}
+	if subIDs {
+		for _, tool := range []string{"newuidmap", "newgidmap"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				if os.Getenv("CI") != "" {
+					t.Fatalf("%s is missing: .ci/run installs Debian's uidmap package", tool)
+				}
+				t.Skipf("!!! SKIPPING: a gateway user with a subordinate range needs %s (Debian's uidmap package; CI installs it)", tool)
+			}
+		}
 	}
 	var b [3]byte
 	rand.Read(b[:])
