@@ -253,9 +253,14 @@ func init() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// Until the init has its spec (Start writes it after returning).
-	for deadline := time.Now().Add(10 * time.Second); !jail.Alive(ctl) && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+	// Until the init has its spec (Start writes it after returning): it
+	// greets a caller only once its program runs. (Alive is no sign: the
+	// control socket listens from Start on, bound by the caller.)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if a, err := jail.Attach(ctl, nil); err == nil {
+			a.Detach()
+			break
+		}
 	}
 	fmt.Println(j.Pid())
 	os.Exit(0)
