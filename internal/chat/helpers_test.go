@@ -162,6 +162,13 @@ func permissionEv(model, id string, op *string) *interndv1.RunEvent {
 			Options: []string{"allow_once", "allow_always", "reject_once", "reject_always"}}}}}}
 }
 
+func shellPermissionEv(model, id, title, input string) *interndv1.RunEvent {
+	ev := permissionEv(model, id, ptr("shell"))
+	p := ev.GetInteraction().GetPermission()
+	p.Title, p.Input = title, input
+	return ev
+}
+
 func questionEv(model, id string) *interndv1.RunEvent {
 	return &interndv1.RunEvent{Model: model, Event: &interndv1.RunEvent_Interaction{Interaction: &interndv1.Interaction{Id: id,
 		Kind: &interndv1.Interaction_Question{Question: &interndv1.Question{Message: "Which colour?",

@@ -333,6 +333,10 @@ type permissionArgs struct {
 	Kind      string   `json:"kind"`
 	Operation *string  `json:"operation"`
 	Options   []string `json:"options"`
+	// Added after the spec's fields: the agent's title for the tool call
+	// and what it would do (command, diff, URL), so the caller sees it.
+	Title string `json:"title,omitempty"`
+	Input string `json:"input,omitempty"`
 }
 
 type elicitationArgs struct {
@@ -357,7 +361,8 @@ func arguments(in *interndv1.Interaction) string {
 		if opts == nil {
 			opts = []string{}
 		}
-		v = permissionArgs{Kind: "permission", Operation: k.Permission.Operation, Options: opts}
+		v = permissionArgs{Kind: "permission", Operation: k.Permission.Operation, Options: opts,
+			Title: k.Permission.GetTitle(), Input: k.Permission.GetInput()}
 	case *interndv1.Interaction_Question:
 		fields := make([]fieldJSON, 0, len(k.Question.GetFields()))
 		for _, f := range k.Question.GetFields() {

@@ -134,6 +134,9 @@ func TestInteractionArguments(t *testing.T) {
 	}{
 		{permissionEv(model, "int-1", ptr("shell")), `{"kind":"permission","operation":"shell","options":["allow_once","allow_always","reject_once","reject_always"]}`},
 		{permissionEv(model, "int-1", nil), `{"kind":"permission","operation":null,"options":["allow_once","allow_always","reject_once","reject_always"]}`},
+		// The spec's fields unchanged, then what is asked: title and input.
+		{shellPermissionEv(model, "int-1", "Run ls", "ls -la <dir> && echo \"done\""),
+			`{"kind":"permission","operation":"shell","options":["allow_once","allow_always","reject_once","reject_always"],"title":"Run ls","input":"ls -la \u003cdir\u003e \u0026\u0026 echo \"done\""}`},
 		{questionEv(model, "int-1"), `{"kind":"elicitation","message":"Which colour?","fields":[{"name":"colour","type":"string","required":true,"options":["red","blue"]},{"name":"note","type":"string","required":false}]}`},
 	} {
 		sc := events(nil, started("s"), c.ev, finishedEv(model, &interndv1.Finished{Reason: interndv1.Finished_REASON_PAUSED}))

@@ -430,6 +430,11 @@ func (c *client) RequestPermission(ctx context.Context, p acp.RequestPermissionR
 		op := string(*p.ToolCall.Kind)
 		ev.GetPermission().Operation = &op
 	}
+	// What is asked, besides the spec's fields, so the caller does not approve blind.
+	if t := p.ToolCall.Title; t != nil {
+		ev.GetPermission().Title = truncateInput(*t, 512)
+	}
+	ev.GetPermission().Input = permissionInput(p.ToolCall)
 	rep := r.ask(ctx, ia, ev)
 	if rep.cancel || rep.optionID == "" {
 		return cancelled, nil

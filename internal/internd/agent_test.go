@@ -124,7 +124,10 @@ func (a *testAgent) think(ctx context.Context, sid acp.SessionId, model, text st
 func (a *testAgent) permission(ctx context.Context, sid acp.SessionId) string {
 	title := "shell"
 	res, err := a.conn.RequestPermission(ctx, acp.RequestPermissionRequest{SessionId: sid,
-		ToolCall: acp.ToolCallUpdate{ToolCallId: "tc1", Title: &title},
+		// A shell call as agents send it; the env must not reach the caller.
+		ToolCall: acp.ToolCallUpdate{ToolCallId: "tc1", Title: &title,
+			RawInput: map[string]any{"command": "ls -la /work", "env": map[string]any{"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI"}},
+			Content:  []acp.ToolCallContent{acp.ToolContent(acp.TextBlock("$ ls -la /work"))}},
 		Options: []acp.PermissionOption{
 			{Kind: "allow_once", Name: "Allow once", OptionId: "opt-ao"},
 			{Kind: "allow_always", Name: "Allow always", OptionId: "opt-aa"},

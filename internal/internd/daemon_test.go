@@ -162,7 +162,9 @@ func TestManualPermissionPausesAndContinues(t *testing.T) {
 	evs, err := e.start(t, "s", "perm", manual)
 	mustOK(t, err)
 	ia := interactionOf(t, evs)
-	wantPermission := &pb.Permission{Operation: proto.String("shell"), Options: []string{"allow_once", "allow_always", "reject_once", "reject_always"}}
+	// The spec's fields as before, plus the title and the command (not its env).
+	wantPermission := &pb.Permission{Operation: proto.String("shell"), Options: []string{"allow_once", "allow_always", "reject_once", "reject_always"},
+		Title: "shell", Input: "ls -la /work"}
 	if d := cmp.Diff(wantPermission, ia.GetPermission(), protocmp.Transform()); d != "" {
 		t.Fatalf("permission (-want +got):\n%s", d)
 	}

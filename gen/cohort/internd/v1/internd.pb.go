@@ -1134,7 +1134,12 @@ type Permission struct {
 	// The tool the agent wants to use; unset when the agent named none.
 	Operation *string `protobuf:"bytes,1,opt,name=operation,proto3,oneof" json:"operation,omitempty"`
 	// Offered option kinds: allow_once, allow_always, reject_once, reject_always.
-	Options       []string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty"`
+	Options []string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty"`
+	// The agent's title for the tool call, as it sent it (may be empty).
+	Title string `protobuf:"bytes,3,opt,name=title,proto3" json:"title,omitempty"`
+	// What the tool would do, as text: the shell command, a file path and
+	// diff, a URL. Bounded by the daemon; empty when the agent sent none.
+	Input         string `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1181,6 +1186,20 @@ func (x *Permission) GetOptions() []string {
 		return x.Options
 	}
 	return nil
+}
+
+func (x *Permission) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *Permission) GetInput() string {
+	if x != nil {
+		return x.Input
+	}
+	return ""
 }
 
 type Question struct {
@@ -1527,11 +1546,13 @@ const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"permission\x129\n" +
 	"\bquestion\x18\x03 \x01(\v2\x1b.cohort.internd.v1.QuestionH\x00R\bquestion\x126\n" +
 	"\bdeadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadlineB\x06\n" +
-	"\x04kind\"W\n" +
+	"\x04kind\"\x83\x01\n" +
 	"\n" +
 	"Permission\x12!\n" +
 	"\toperation\x18\x01 \x01(\tH\x00R\toperation\x88\x01\x01\x12\x18\n" +
-	"\aoptions\x18\x02 \x03(\tR\aoptionsB\f\n" +
+	"\aoptions\x18\x02 \x03(\tR\aoptions\x12\x14\n" +
+	"\x05title\x18\x03 \x01(\tR\x05title\x12\x14\n" +
+	"\x05input\x18\x04 \x01(\tR\x05inputB\f\n" +
 	"\n" +
 	"_operation\"V\n" +
 	"\bQuestion\x12\x18\n" +
