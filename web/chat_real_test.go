@@ -108,6 +108,14 @@ func TestChatPermissionPause(t *testing.T) {
 	if op := b.Text(t, ".pause p"); op != "The intern asks to use shell." {
 		t.Fatalf("operation line %q", op)
 	}
+	// The caller sees the command it approves, and cannot send a new
+	// prompt while the run waits for the answer.
+	if in := b.Text(t, ".pause pre.pause-input"); in != "echo hi" {
+		t.Fatalf("the pause shows %q as the command", in)
+	}
+	if !browsertest.Get(t, b, chromedp.Evaluate[bool](`document.getElementById("send").disabled`)) {
+		t.Fatal("Send is enabled while the run waits for an answer")
+	}
 	session := browsertest.Get(t, b, chromedp.Value(css("#session")))
 	if session == "" || b.Text(t, ".turn .session-id") != session {
 		t.Fatalf("session %q not shown", session)
@@ -115,7 +123,7 @@ func TestChatPermissionPause(t *testing.T) {
 	fitsPhone(t, b, "paused playground")
 	screenshot(t, b, "console-playground.png")
 	b.Do(t, chromedp.Click(css(".pause button[data-kind=allow_once]")))
-	until(t, b, `document.getElementById("chat-status").textContent === "Finished."`)
+	until(t, b, `document.getElementById("chat-status").textContent === "Finished." && !document.getElementById("send").disabled`)
 	turn := b.Text(t, ".turn")
 	if !contains(turn, "Answered: Allow once", "Shell result:", "hi", "Finish\nstop", "tokens") {
 		t.Fatalf("turn after allow once:\n%s", turn)

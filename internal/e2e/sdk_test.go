@@ -65,7 +65,7 @@ func TestOpenAISDKEndToEnd(t *testing.T) {
 	}
 	tc := msg.ToolCalls[0]
 	if tc.Function.Name != "service.provide_input" ||
-		tc.Function.Arguments != `{"kind":"permission","operation":"shell","options":["allow_once","allow_always","reject_once","reject_always"]}` {
+		tc.Function.Arguments != `{"kind":"permission","operation":"shell","options":["allow_once","allow_always","reject_once","reject_always"],"title":"shell","input":"echo via-sdk"}` {
 		t.Fatalf("tool call %+v", tc)
 	}
 	history = append(history, msg.ToParam(), openai.ToolMessage("allow_once", tc.ID))

@@ -15,7 +15,8 @@ const PERMISSION_LABELS: Record<string, string> = {
   reject_always: "Reject always",
 };
 
-type Permission = { kind: "permission"; operation: string | null; options: string[] };
+// title and input are Cohort's additions to the spec's fields: what is asked.
+type Permission = { kind: "permission"; operation: string | null; options: string[]; title?: string; input?: string };
 type FieldDesc = { name: string; type: string; required: boolean; options?: string[] };
 type Elicitation = { kind: "elicitation"; message: string; fields: FieldDesc[] };
 type Interaction = Permission | Elicitation;
@@ -103,6 +104,15 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
   const log = h("div", { class: "transcript", role: "log", "aria-live": "polite", "aria-label": "Transcript" });
 
   let current: AbortController | null = null;
+  // waiting: a run is paused on a question shown in the log; a new prompt
+  // would only be refused (409) until it is answered.
+  let waiting = false;
+  const wait = (on: boolean) => {
+    waiting = on;
+    send.disabled = on || current !== null;
+    if (on) send.title = "The intern is waiting for your answer to the pause above.";
+    else send.removeAttribute("title");
+  };
   onLeave(() => current?.abort());
 
   // stream runs one request and renders its chunks into turn; a pause
@@ -155,7 +165,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
       return;
     } finally {
       if (current === ctl) current = null;
-      send.disabled = false;
+      send.disabled = waiting;
       // Focus on the stop button (now disabled) or on an answered pause
       // (now gone) would fall to the page: keyboard users go on from the prompt.
       const lost = document.activeElement === stop || document.activeElement === document.body || !document.activeElement?.isConnected;
@@ -167,6 +177,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
     if (final) turn.append(finalDetails(final, finish));
     if (finish === "tool_calls" && pending && sid) {
       status.textContent = "Paused: the intern is waiting for your answer.";
+      wait(true);
       const tc = pending;
       const pause: HTMLElement = pauseBlock(tc, async (content, label) => {
         await stream(
@@ -180,11 +191,15 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
               { role: "tool", toolCallId: tc.id, content },
             ],
           },
-          () => pause.replaceWith(h("p", { class: "answered" }, `Answered: ${label}`)),
+          () => {
+            wait(false);
+            pause.replaceWith(h("p", { class: "answered" }, `Answered: ${label}`));
+          },
           (err) => {
             // A refused answer leaves the question pending (400) or tells
             // that it is gone (404, 409): only the first may be tried again.
             const again = errorReason(err) === "bad_request";
+            if (!again) wait(false);
             pause.append(message("error", errorText(err)));
             pause.querySelectorAll<HTMLButtonElement | HTMLInputElement | HTMLSelectElement>("button, input, select").forEach((b) => (b.disabled = !again));
           },
@@ -204,7 +219,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
       class: "prompt",
       onsubmit: async (e: Event) => {
         e.preventDefault();
-        if (current || !validate(e.target as HTMLElement)) return;
+        if (current || waiting || !validate(e.target as HTMLElement)) return;
         const mode = manual.checked ? "manual" : "self-drive";
         const turn = new Turn(prompt.value, mode);
         log.append(turn.el);
@@ -229,7 +244,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
       h("div", { class: "check" }, selfDrive, h("label", { for: "mode-self-drive" }, "Self-drive: consent for this run, unsandboxed shell")),
     ),
     field("Prompt", prompt, "Up to 32000 characters."),
-    h("div", { class: "actions" }, send, stop, button("New session", () => { session.value = ""; session.focus(); }, { class: "secondary" })),
+    h("div", { class: "actions" }, send, stop, button("New session", () => { session.value = ""; wait(false); session.focus(); }, { class: "secondary" })),
   );
   root.append(h("h1", { tabindex: "-1" }, "Chat playground"), form, status, log);
 }
@@ -281,6 +296,8 @@ function pauseBlock(tc: ToolCall, answer: (content: string, label: string) => Pr
     box.append(
       h("h3", { id: title }, "Permission requested"),
       h("p", {}, "The intern asks to use ", h("code", {}, it.operation ?? "a tool"), "."),
+      ...(it.title && it.title !== it.operation ? [h("p", { class: "pause-title" }, it.title)] : []),
+      ...(it.input ? [h("pre", { class: "pause-input", "aria-label": "What the tool would do" }, it.input)] : []),
       h(
         "div",
         { class: "actions" },
