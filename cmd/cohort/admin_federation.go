@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -38,7 +39,7 @@ func (o *optString) ptr() *string {
 // fedFlagSet are the flags of the `cohort admin federation …` commands.
 type fedFlagSet struct {
 	issuerURL, jwksURL, subject, audience, condition, apiKey, enabled optString
-	issuer, value, token, tokenFile, extraCAFile                      string
+	issuer, value, token, tokenFile, extraCAFile, allowHosts          string
 	scopes, tokenType                                                 string
 	limit                                                             int
 }
@@ -62,10 +63,13 @@ func init() {
 		fs.StringVar(&f.token, "token", "", "federation: subject token for a dry run")
 		fs.StringVar(&f.tokenFile, "token-file", "", "federation: file holding the subject token for a dry run")
 		fs.StringVar(&f.extraCAFile, "extra-ca-file", env("COHORT_EXTRA_CA_FILE", ""), "federation: extra PEM roots for fetching identity provider keys")
+		// As serve's: the CLI's fetches (dry-run) and save-time checks
+		// (issuer-create) must see the egress policy serve enforces.
+		fs.StringVar(&f.allowHosts, "federation-allow-hosts", env("COHORT_FEDERATION_ALLOW_HOSTS", ""), "federation: non-public identity provider hosts, addresses and ranges keys may be fetched from, as serve's setting (COHORT_FEDERATION_ALLOW_HOSTS)")
 		fs.IntVar(&f.limit, "limit", 50, "federation: how many audit rows")
 	})
 	for name, cmd := range map[string]adminCmd{
-		"federation issuer-create": {"--org ID --name N --issuer-url URL [--jwks-url URL]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
+		"federation issuer-create": {"--org ID --name N --issuer-url URL [--jwks-url URL] [--federation-allow-hosts H,…]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
 			i, err := s.CreateIssuer(ctx, p, &cohortv1.CreateIssuerRequest{Name: e.f.name, IssuerUrl: e.fed.issuerURL.v, JwksUrl: e.fed.jwksURL.v})
 			if err != nil {
 				return err
@@ -180,7 +184,7 @@ func init() {
 			}
 			return e.printOne(res)
 		})},
-		"federation dry-run": {"--org ID --id POLICY_ID (--token JWT | --token-file F) [--extra-ca-file F]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
+		"federation dry-run": {"--org ID --id POLICY_ID (--token JWT | --token-file F) [--extra-ca-file F] [--federation-allow-hosts H,…]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
 			tok := e.fed.token
 			if e.fed.tokenFile != "" {
 				b, err := os.ReadFile(e.fed.tokenFile)
@@ -208,7 +212,9 @@ func init() {
 }
 
 // fedCmd gives a federation command the service over the database (with
-// the guarded client, trusting --extra-ca-file) and the operator principal.
+// the guarded client, trusting --extra-ca-file and reaching what
+// --federation-allow-hosts lists, as serve's does) and the operator
+// principal.
 func fedCmd(run func(context.Context, *adminEnv, *federation.Service, *auth.Principal) error) func(context.Context, *adminEnv) error {
 	return func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
@@ -219,8 +225,12 @@ func fedCmd(run func(context.Context, *adminEnv, *federation.Service, *auth.Prin
 		if err != nil {
 			return err
 		}
+		allow, err := safehttp.ParseAllowlist(splitList(e.fed.allowHosts))
+		if err != nil {
+			return fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
+		}
 		s := federation.New(e.db, nil, nil)
-		s.Config.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots})
+		s.Config.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots, Allow: allow})
 		defer s.Close()
 		return run(ctx, e, s, p)
 	}

@@ -388,3 +388,19 @@ func TestRetryableRefusalsSayWhen(t *testing.T) {
 		e.d.waitEnded(t)
 	}
 }
+
+// TestPausedSessionRefusal: the daemon's 409 for a session paused on a
+// question reaches the caller word for word (it names the tool_call_id
+// to answer), in the spec's body shape, reason busy.
+func TestPausedSessionRefusal(t *testing.T) {
+	db := storetest.SQLite(t)
+	e := newEnv(t, db)
+	msg := `this session is paused waiting for an answer to interaction "int-7"; answer it with a tool message whose tool_call_id is "int-7"`
+	sc := events(apierr.ToConnect(apierr.Conflict("busy", "%s", msg).Retry(apierr.RetryBusySession)))
+	e.d.set(sc, sc)
+	status, body, _ := e.chat(t, userBody("hi"))
+	if eb := wantRefusal(t, status, body, 409, "busy"); eb.Error.Message != msg {
+		t.Fatalf("message %q, want the daemon's %q", eb.Error.Message, msg)
+	}
+	e.d.waitEnded(t)
+}

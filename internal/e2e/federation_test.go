@@ -70,7 +70,10 @@ func TestExchangeWithAnAllowedPrivateIssuer(t *testing.T) {
 	if keyID == "" {
 		t.Fatalf("no workspace key in %s", keys)
 	}
-	iss := c.Admin(t, "federation", "issuer-create", "--org", c.Org, "--name", "internal idp", "--issuer-url", idp.URL)
+	// The admin CLI checks the issuer against the egress policy when it is
+	// saved, so it is told the same allowlist as the gateway that uses it.
+	iss := c.Admin(t, "federation", "issuer-create", "--org", c.Org, "--name", "internal idp", "--issuer-url", idp.URL,
+		"--federation-allow-hosts", "127.0.0.1/32", "--extra-ca-file", caFile)
 	issID, _ := iss["id"].(string)
 	if issID == "" {
 		issID, _ = iss["issuer"].(map[string]any)["id"].(string)
@@ -99,8 +102,9 @@ func TestExchangeWithAnAllowedPrivateIssuer(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
 	}
-	if st, body := exchange(plain); st == 200 {
-		t.Fatalf("a gateway without the allowlist fetched a loopback issuer's keys: %s", body)
+	// Refused by the policy: invalid_grant, not 503 "retry shortly".
+	if st, body := exchange(plain); st != 400 || !strings.Contains(body, `"invalid_grant"`) {
+		t.Fatalf("a gateway without the allowlist: want 400 invalid_grant, got %d %s", st, body)
 	}
 	st, body := exchange(allowed)
 	if st != 200 || !strings.Contains(body, `"access_token"`) {

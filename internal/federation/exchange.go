@@ -22,6 +22,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -253,6 +254,12 @@ func (t *trace) fail(check, format string, args ...any) error {
 	return errRefused
 }
 
+// policyRefused opens the audit detail of an exchange whose identity
+// provider the egress policy refuses. It is a refusal (invalid_grant),
+// not an outage: a 503 "retry shortly" would promise what never comes.
+const policyRefused = "the egress policy refuses the identity provider's address, so this will not succeed " +
+	"until an operator lists the host or its range in --federation-allow-hosts"
+
 // unavailable ends an evaluation with 503: the issuer's keys could not be
 // fetched. It is recorded like a failure.
 func (t *trace) unavailable(check string, err error) error {
@@ -313,6 +320,9 @@ func (s *Service) evaluate(ctx context.Context, pol *policyRow, tok *SubjectToke
 
 	ks, err := s.stores.get(ctx, pol.issuer())
 	if err != nil {
+		if errors.Is(err, safehttp.ErrRefusedAddress) {
+			return nil, tr.fail(checkIssuerKeys, "%s: %v", policyRefused, err)
+		}
 		if errors.Is(err, errUnavailable) {
 			return nil, tr.unavailable(checkIssuerKeys, err)
 		}
@@ -320,6 +330,9 @@ func (s *Service) evaluate(ctx context.Context, pol *policyRow, tok *SubjectToke
 	}
 	tr.pass(checkIssuerKeys, "")
 	if err := s.verifySignature(ctx, ks, tok); err != nil {
+		if errors.Is(err, safehttp.ErrRefusedAddress) {
+			return nil, tr.fail(checkSignature, "%s: %v", policyRefused, err)
+		}
 		if errors.Is(err, errUnavailable) {
 			return nil, tr.unavailable(checkSignature, err)
 		}

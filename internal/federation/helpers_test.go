@@ -219,17 +219,31 @@ func settings(p *idp) federation.Settings {
 // workspace key.
 func newFed(t testing.TB, db *bun.DB, p *idp, configure ...func(*server.Server)) *fed {
 	t.Helper()
+	f := newBareFed(t, db, p, configure...)
+	iss := call(t, f.client.CreateIssuer, f.ManagementKey, &cohortv1.CreateIssuerRequest{Name: "test idp", IssuerUrl: p.URL})
+	f.usePolicyFor(t, iss.GetIssuer().GetId())
+	return f
+}
+
+// newBareFed is newFed without the issuer and policy.
+func newBareFed(t testing.TB, db *bun.DB, p *idp, configure ...func(*server.Server)) *fed {
+	t.Helper()
 	cfg := append([]func(*server.Server){func(s *server.Server) { s.Federation.Config = settings(p) }}, configure...)
 	e := testenv.New(t, db, cfg...)
 	t.Cleanup(e.Server.Federation.Close)
 	f := &fed{Env: e, idp: p, client: cohortv1connect.NewFederationServiceClient(e.HTTPClient(), e.URL)}
 	f.keyID = keyID(t, db, e.WorkspaceKey)
-	iss := call(t, f.client.CreateIssuer, e.ManagementKey, &cohortv1.CreateIssuerRequest{Name: "test idp", IssuerUrl: p.URL})
-	f.issuerID = iss.GetIssuer().GetId()
+	return f
+}
+
+// usePolicyFor makes issuerID f's issuer, with a policy as newFed's.
+func (f *fed) usePolicyFor(t testing.TB, issuerID string) {
+	t.Helper()
+	e := f.Env
+	f.issuerID = issuerID
 	pol := call(t, f.client.CreatePolicy, e.ManagementKey, &cohortv1.CreatePolicyRequest{IssuerId: f.issuerID,
 		Subject: "repo:acme/app:ref:refs/heads/main", Audience: "cohort", ApiKeyId: f.keyID})
 	f.policyID = pol.GetPolicy().GetId()
-	return f
 }
 
 func keyID(t testing.TB, db *bun.DB, key string) string {

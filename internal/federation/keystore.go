@@ -17,6 +17,7 @@ import (
 	"github.com/MicahParks/keyfunc/v3"
 	"golang.org/x/time/rate"
 
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -110,8 +111,15 @@ func (k *keyStores) build(ctx context.Context, ks *keyStore, iss store.Federatio
 	defer close(ks.ready)
 	cfg := k.s.settings()
 	fail := func(err error) {
-		ks.err = fmt.Errorf("%w: %v", errUnavailable, err)
+		// %w twice: evaluate tells a policy refusal (never succeeds)
+		// from an outage (retry) by the safehttp error inside.
+		ks.err = fmt.Errorf("%w: %w", errUnavailable, err)
 		ks.failedUntil = k.s.now().Add(cfg.JWKSCooldown)
+		if errors.Is(err, safehttp.ErrRefusedAddress) {
+			k.s.log().Warn("federation: the egress policy refuses the issuer's address; its exchanges will not succeed unless --federation-allow-hosts lists it",
+				"issuer_id", iss.ID, "err", err)
+			return
+		}
 		k.s.log().Warn("federation: issuer keys unavailable", "issuer_id", iss.ID, "err", err)
 	}
 	fctx, cancel := context.WithTimeout(ctx, cfg.FetchTimeout)
@@ -201,7 +209,7 @@ func (g *gatedStorage) KeyRead(ctx context.Context, kid string) (jwkset.JWK, err
 	f := &fetchFailure{}
 	j, err := g.Storage.KeyRead(context.WithValue(ctx, fetchFailureKey{}, f), kid)
 	if f.err != nil {
-		return jwkset.JWK{}, fmt.Errorf("%w: JWKS refresh: %v", errUnavailable, f.err)
+		return jwkset.JWK{}, fmt.Errorf("%w: JWKS refresh: %w", errUnavailable, f.err)
 	}
 	return j, err
 }

@@ -16,6 +16,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -110,6 +111,30 @@ func wrap(err error) error {
 	return apierr.Internal(err)
 }
 
+// checkReachable refuses an issuer whose keys the egress policy would
+// never let the service fetch: the URL fetched first (the JWKS URL when
+// set, else the issuer URL for discovery) resolving only to addresses the
+// guarded client refuses. Saving it silently would only move the failure
+// to every exchange. The check is the client's own (safehttp.CheckURL),
+// so it cannot drift from what the dial enforces.
+func (s *Service) checkReachable(ctx context.Context, i *store.FederationIssuer) error {
+	field, u := "issuer_url", i.IssuerURL
+	if i.JWKSURL != "" {
+		field, u = "jwks_url", i.JWKSURL
+	}
+	cfg := s.settings()
+	rctx, cancel := context.WithTimeout(ctx, cfg.FetchTimeout)
+	defer cancel()
+	if err := safehttp.CheckURL(rctx, cfg.HTTPClient, u); err != nil {
+		// Which address the host resolved to is not said: a tenant's
+		// admin should not learn the service's internal DNS from it.
+		return apierr.BadRequest("%s: the egress policy refuses this identity provider: its host resolves only to "+
+			"non-public addresses (loopback, private, link-local), which keys are never fetched from unless an operator "+
+			"lists the host or its range in --federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS)", field)
+	}
+	return nil
+}
+
 // CreateIssuer adds an identity provider the organization trusts.
 func (s *Service) CreateIssuer(ctx context.Context, p *auth.Principal, req *cohortv1.CreateIssuerRequest) (*cohortv1.FederationIssuer, error) {
 	if err := requireAdmin(p); err != nil {
@@ -128,6 +153,9 @@ func (s *Service) CreateIssuer(ctx context.Context, p *auth.Principal, req *coho
 	}
 	i := &store.FederationIssuer{ID: uuid.NewString(), OrganizationID: p.OrganizationID, Name: req.GetName(),
 		IssuerURL: req.GetIssuerUrl(), JWKSURL: req.GetJwksUrl(), Revision: 1, CreatedAt: s.now()}
+	if err := s.checkReachable(ctx, i); err != nil {
+		return nil, err
+	}
 	if _, err := s.DB.NewInsert().Model(i).Exec(ctx); err != nil {
 		if store.IsUniqueViolation(err) {
 			return nil, apierr.Conflict("conflict", "an issuer with issuer_url %q already exists in this organization", i.IssuerURL)
@@ -206,6 +234,11 @@ func (s *Service) UpdateIssuer(ctx context.Context, p *auth.Principal, req *coho
 			}
 		}
 		i.JWKSURL = req.GetJwksUrl()
+	}
+	if req.IssuerUrl != nil || req.JwksUrl != nil {
+		if err := s.checkReachable(ctx, i); err != nil {
+			return nil, err
+		}
 	}
 	now := s.now()
 	i.UpdatedAt = &now

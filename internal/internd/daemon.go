@@ -350,8 +350,9 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	}
 	s.used = d.now()
 	if s.busy {
+		cur := s.current
 		d.mu.Unlock()
-		return nil, errSessionBusy
+		return nil, busyError(cur)
 	}
 	s.busy = true
 	d.mu.Unlock()
@@ -511,6 +512,26 @@ var (
 	errCallerFull  = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
 	errSessionBusy = apierr.Conflict("busy", "another turn is running in this session").Retry(apierr.RetryBusySession)
 )
+
+// busyError is the 409 for a session that holds a turn. A run paused on
+// a question is not "running": it waits for the caller, and a new prompt
+// will not get through until that question is answered, so the message
+// names the pending interaction (the tool_call_id the caller was given).
+func busyError(cur *run) *apierr.Error {
+	if cur == nil {
+		return errSessionBusy
+	}
+	cur.mu.Lock()
+	var id string
+	if cur.state == statePaused && cur.pending != nil {
+		id = cur.pending.id
+	}
+	cur.mu.Unlock()
+	if id == "" {
+		return errSessionBusy
+	}
+	return apierr.Conflict("busy", "this session is paused waiting for an answer to interaction %q; answer it with a tool message whose tool_call_id is %q (or cancel the run) before sending a new prompt", id, id).Retry(apierr.RetryBusySession)
+}
 
 // pauseRoom refuses a turn that could not pause because the intern's
 // paused runs are at their bound. A caller at its own share still starts

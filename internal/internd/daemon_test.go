@@ -419,9 +419,18 @@ func TestBusySession(t *testing.T) {
 	// A paused run holds its session too.
 	evs, err := e.start(t, "p", "perm", manual)
 	mustOK(t, err)
-	interactionOf(t, evs)
+	ia := interactionOf(t, evs)
 	_, err = e.start(t, "p", "hello", selfDrive)
 	wantErr(t, err, 409, "busy")
+	// It says what it waits for, not that a turn is running.
+	if msg := apierr.FromConnect(err).Message; !strings.Contains(msg, ia.GetId()) || !strings.Contains(msg, "tool_call_id") || strings.Contains(msg, "running") {
+		t.Fatalf("paused session's 409 should name interaction %q and say to answer it: %q", ia.GetId(), msg)
+	}
+	// A running turn's 409 says so.
+	_, err = e.start(t, "s", "hello", selfDrive)
+	if msg := apierr.FromConnect(err).Message; !strings.Contains(msg, "another turn is running") {
+		t.Fatalf("running session's 409: %q", msg)
+	}
 	// Another session is free.
 	_, err = e.start(t, "other", "hello", selfDrive)
 	mustOK(t, err)

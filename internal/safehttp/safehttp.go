@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"syscall"
 	"time"
@@ -333,4 +334,47 @@ func (g *DialGuard) Control(network, address string, _ syscall.RawConn) error {
 		return fmt.Errorf("%w: %s is one of this service's own addresses", ErrRefusedAddress, ip)
 	}
 	return CheckAddr(ip, g.allowLoopback)
+}
+
+// CheckURL reports whether client c, when it is a guarded client, would
+// refuse to connect to rawURL's host by its address policy: it resolves
+// the host now and applies the same check the dial applies later. It
+// answers an error wrapping ErrRefusedAddress only when every address the
+// host resolves to is refused (the fetch could never succeed); a host
+// that does not resolve now, or a client that is not guarded, gives nil:
+// the fetch will say what went wrong. Meant for refusing a URL when it is
+// saved; the dial-time check stays the one that holds.
+func CheckURL(ctx context.Context, c *http.Client, rawURL string) error {
+	if c == nil {
+		return nil
+	}
+	g, ok := c.Transport.(*guard)
+	if !ok {
+		return nil
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil
+	}
+	host := u.Hostname()
+	var addrs []netip.Addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		addrs, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil
+		}
+	}
+	var first error
+	for _, ip := range addrs {
+		err := checkDial("tcp", netip.AddrPortFrom(ip.Unmap(), 443).String(), host, g.allowLoopback, g.allow)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -1,6 +1,7 @@
 package safehttp_test
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -239,5 +240,43 @@ func TestAllowlist(t *testing.T) {
 		if _, err := safehttp.ParseAllowlist([]string{bad}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// CheckURL, used when an issuer is saved, refuses what the dial would
+// refuse, with the same allowlist.
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	allow, err := safehttp.ParseAllowlist([]string{"10.0.0.0/8", "127.0.0.2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := safehttp.New(safehttp.Options{Allow: allow})
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"https://127.0.0.1:8443/", false},
+		{"https://localhost/", false}, // resolved now, as the dial would
+		{"https://192.168.1.5/jwks", false},
+		{"https://169.254.169.254/", false},
+		{"https://10.1.2.3/", true},
+		{"https://127.0.0.2/", true},
+		{"https://8.8.8.8/", true},
+		{"https://no-such-host.invalid/", true}, // unresolvable: the fetch will say
+	} {
+		err := safehttp.CheckURL(ctx, c, tc.url)
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, safehttp.ErrRefusedAddress)) {
+			t.Errorf("%s: got %v, want ok=%v", tc.url, err, tc.ok)
+		}
+	}
+	// A client that is not guarded (or one allowing loopback, for tests)
+	// is not second-guessed.
+	if err := safehttp.CheckURL(ctx, http.DefaultClient, "https://127.0.0.1/"); err != nil {
+		t.Error(err)
+	}
+	if err := safehttp.CheckURL(ctx, safehttp.New(safehttp.Options{AllowLoopback: true}), "https://127.0.0.1/"); err != nil {
+		t.Error(err)
 	}
 }
