@@ -34,8 +34,8 @@ import (
 // Defaults of the Service's budgets.
 const (
 	// DefaultFirstEventTimeout is the request budget: how long the daemon
-	// may take to send its first event (or refuse) before the caller gets
-	// 504 timeout.
+	// may take to relay the agent's first event (its own Started does not
+	// count), or to refuse, before the caller gets 504 timeout.
 	DefaultFirstEventTimeout = 30 * time.Second
 	// DefaultEventTimeout is how long an open stream may stay without any
 	// daemon event before the service ends it with a timeout error chunk.

@@ -112,7 +112,7 @@ type Config struct {
 	InternStartConcurrency int
 	// ChatKeepalive is the silence after which a chat stream sends a
 	// keepalive comment; FirstEventTimeout the request budget until the
-	// daemon's first event; EventTimeout the longest silence of an open
+	// agent's first event; EventTimeout the longest silence of an open
 	// stream's daemon; TurnTimeout the longest one chat request's run may
 	// take in all before it is cancelled.
 	ChatKeepalive, FirstEventTimeout, EventTimeout, TurnTimeout time.Duration
