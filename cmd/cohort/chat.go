@@ -18,8 +18,9 @@ func chatFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 		raw                   *string
 	}{
 		{"chat-keepalive", "COHORT_CHAT_KEEPALIVE", "silence after which a chat stream sends a ': keepalive' comment (the spec's 30s)", &cfg.ChatKeepalive, nil},
-		{"first-event-timeout", "COHORT_FIRST_EVENT_TIMEOUT", "request budget: how long a chat request waits for the intern's first event before 504 timeout", &cfg.FirstEventTimeout, nil},
+		{"first-event-timeout", "COHORT_FIRST_EVENT_TIMEOUT", "request budget: how long a chat request waits for the agent's first event before 504 timeout", &cfg.FirstEventTimeout, nil},
 		{"event-timeout", "COHORT_EVENT_TIMEOUT", "longest silence of an intern on an open chat stream before the stream ends with a timeout", &cfg.EventTimeout, nil},
+		{"turn-timeout", "COHORT_TURN_TIMEOUT", "longest a chat request's run may take in all (time paused for an answer excluded) before it ends with a timeout and is cancelled", &cfg.TurnTimeout, nil},
 		{"interaction-deadline", "COHORT_INTERACTION_DEADLINE", "with the local provisioner, how long a question waits for its answer before the run is cancelled", &cfg.InteractionDeadline, nil},
 		// Not chat's, but validated the same way.
 		{"shutdown-timeout", "COHORT_SHUTDOWN_TIMEOUT", "how long graceful shutdown waits for requests to finish", &cfg.ShutdownTimeout, nil},

@@ -241,7 +241,7 @@ func TestServeRejectsBadTimings(t *testing.T) {
 	t.Parallel()
 	for _, c := range [][]string{
 		{"--chat-keepalive", "soon"}, {"--chat-keepalive", "0s"}, {"--first-event-timeout", "-1s"},
-		{"--event-timeout", "x"}, {"--interaction-deadline", "0"}, {"--shutdown-timeout", "never"},
+		{"--event-timeout", "x"}, {"--turn-timeout", "0s"}, {"--interaction-deadline", "0"}, {"--shutdown-timeout", "never"},
 	} {
 		var out, errOut syncBuf
 		err := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, c...), &out, &errOut)

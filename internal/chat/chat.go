@@ -34,13 +34,17 @@ import (
 // Defaults of the Service's budgets.
 const (
 	// DefaultFirstEventTimeout is the request budget: how long the daemon
-	// may take to send its first event (or refuse) before the caller gets
-	// 504 timeout.
+	// may take to relay the agent's first event (its own Started does not
+	// count), or to refuse, before the caller gets 504 timeout.
 	DefaultFirstEventTimeout = 30 * time.Second
 	// DefaultEventTimeout is how long an open stream may stay without any
 	// daemon event before the service ends it with a timeout error chunk.
 	// It is long because an agent may run a slow tool without a word.
 	DefaultEventTimeout = 10 * time.Minute
+	// DefaultTurnTimeout bounds one chat request's run in all: past it the
+	// stream ends with a timeout and the daemon call (so the run) is
+	// cancelled.
+	DefaultTurnTimeout = 30 * time.Minute
 )
 
 // ServiceModel is the chunk model of chunks whose event carries none.
@@ -61,8 +65,10 @@ type RowDaemons interface {
 
 // Observer is told what streams do: opened (with the wait for the
 // intern's first event, which the first chunk follows at once), closed,
-// refused before the stream (by reason), and how each run's stream ended
-// (outcome "stop", "paused", "ended" or "error", with the error's reason).
+// refused before the stream (by reason), and how each run ended, once per
+// request: outcome "stop", "paused", "ended" or "error" (with the error's
+// reason), "refused" (with the refusal's reason), "first_event_timeout",
+// "event_timeout", "turn_timeout" or "caller_gone".
 type Observer interface {
 	Opened(firstEvent time.Duration)
 	Closed()
@@ -95,10 +101,18 @@ type Service struct {
 	// FirstEventTimeout and EventTimeout override the defaults when > 0.
 	FirstEventTimeout time.Duration
 	EventTimeout      time.Duration
+	TurnTimeout       time.Duration
 	// Now and NewID make streams reproducible in tests; nil uses the clock
 	// and random "chatcmpl-" ids.
 	Now   func() time.Time
 	NewID func() string
+}
+
+func (s *Service) turnTimeout() time.Duration {
+	if s.TurnTimeout > 0 {
+		return s.TurnTimeout
+	}
+	return DefaultTurnTimeout
 }
 
 func (s *Service) firstEventTimeout() time.Duration {
@@ -189,11 +203,23 @@ func (s *Service) OpenPreloaded(ctx context.Context, p *auth.Principal, req *coh
 }
 
 func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (_ *Stream, err error) {
+	var st *Stream
 	if s.Observer != nil {
 		began := s.now()
 		defer func() {
 			if err != nil {
-				s.Observer.Refused(apierr.From(err).Reason)
+				reason := apierr.From(err).Reason
+				s.Observer.Refused(reason)
+				outcome := "refused"
+				switch {
+				case ctx.Err() != nil:
+					outcome = "caller_gone"
+				case st != nil && st.timedOut.Load():
+					outcome = "first_event_timeout"
+				case st != nil && st.turnTimedOut.Load():
+					outcome = "turn_timeout"
+				}
+				s.Observer.Finished(outcome, reason)
 			} else {
 				s.Observer.Opened(s.now().Sub(began))
 			}
@@ -245,7 +271,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	}
 
 	dctx, cancel := context.WithCancel(ctx)
-	st := &Stream{
+	st = &Stream{
 		svc:     s,
 		ctx:     ctx,
 		cancel:  cancel,
@@ -259,6 +285,10 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	// first event. When it passes, the daemon call is cancelled and the
 	// caller gets 504 timeout.
 	st.arm(s.firstEventTimeout())
+	st.turnTimer = time.AfterFunc(s.turnTimeout(), func() {
+		st.turnTimedOut.Store(true)
+		st.cancel()
+	})
 	opened := false
 	defer func() {
 		if !opened {
@@ -304,8 +334,21 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	if f := ev.GetFinished(); f != nil && f.GetReason() == interndv1.Finished_REASON_ERROR {
 		return nil, retryable(finishedError(f))
 	}
-	st.arm(s.eventTimeout())
 	st.translate(ev)
+	// The daemon's Started is its own bookkeeping, sent before the agent
+	// does anything: the request budget runs on until the agent's first
+	// event, so a stalled agent gets the caller a 504 rather than an open
+	// stream that stays silent for the event timeout.
+	for ev.GetStarted() != nil {
+		if ev, err = st.recv(); err != nil {
+			return nil, st.refusal(err)
+		}
+		if ev == nil {
+			return nil, apierr.New(http.StatusBadGateway, "stream_severed", "the intern's stream ended before the turn started")
+		}
+		st.translate(ev)
+	}
+	st.arm(s.eventTimeout())
 	opened, st.opened = true, true
 	return st, nil
 }
@@ -340,6 +383,7 @@ var (
 	errRejected    = apierr.New(http.StatusBadGateway, "intern_rejected", "the intern rejected the request")
 	errTimeout     = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern did not answer within the request budget")
 	errSilent      = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern sent nothing for longer than the stream allows")
+	errTurnTimeout = apierr.New(http.StatusGatewayTimeout, "timeout", "the turn ran longer than the turn deadline allows; it was cancelled")
 	errSevered     = apierr.New(http.StatusBadGateway, "stream_severed", "the connection to the intern broke before the run ended")
 	// errClientClosed is what a caller who hung up is logged with (499).
 	errClientClosed = apierr.New(499, "client_closed_request", "the caller closed the request")

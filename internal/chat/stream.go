@@ -45,6 +45,11 @@ type Stream struct {
 	timer    *time.Timer
 	timeout  time.Duration
 	timedOut atomic.Bool
+	// turnTimer bounds the whole request's run (Service.TurnTimeout).
+	turnTimer    *time.Timer
+	turnTimedOut atomic.Bool
+	// recorded is set once the run's ending went to the Observer.
+	recorded atomic.Bool
 
 	session  *string
 	usage    *cohortv1.ChatUsage
@@ -81,10 +86,29 @@ func (s *Stream) arm(d time.Duration) {
 // away mid-run thereby cancels the run; after the stream ended (including a
 // pause) the daemon call is already complete and nothing changes.
 func (s *Stream) Close() {
+	if s.opened {
+		// Every other ending was recorded before the door saw the end of
+		// the stream: what is left is a caller who stopped reading.
+		s.record("caller_gone", errClientClosed.Reason)
+	}
+	s.stopTimers()
+	s.cancel()
+}
+
+func (s *Stream) stopTimers() {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	s.cancel()
+	if s.turnTimer != nil {
+		s.turnTimer.Stop()
+	}
+}
+
+// record tells the Observer how the run ended, the first time only.
+func (s *Stream) record(outcome, reason string) {
+	if s.recorded.CompareAndSwap(false, true) && s.svc.Observer != nil {
+		s.svc.Observer.Finished(outcome, reason)
+	}
 }
 
 // release ends the daemon call from the goroutine that reads it.
@@ -96,9 +120,7 @@ func (s *Stream) release() {
 	if s.opened && s.svc.Observer != nil {
 		s.svc.Observer.Closed()
 	}
-	if s.timer != nil {
-		s.timer.Stop()
-	}
+	s.stopTimers()
 	if s.closeDaemon != nil {
 		_ = s.closeDaemon()
 	}
@@ -109,7 +131,7 @@ func (s *Stream) refusal(err error) *apierr.Error {
 	switch {
 	case s.ctx.Err() != nil:
 		return errClientClosed.WithCause(err)
-	case s.timedOut.Load():
+	case s.timedOut.Load(), s.turnTimedOut.Load():
 		return errTimeout.WithCause(err)
 	default:
 		return retryable(daemonError(err))
@@ -151,12 +173,22 @@ func (s *Stream) pull() {
 		return
 	}
 	if s.ctx.Err() != nil {
+		s.record("caller_gone", errClientClosed.Reason)
 		s.done = true
 		s.gone = context.Cause(s.ctx)
 		s.release()
 		return
 	}
-	s.fail(s.midStreamError(err), ServiceModel)
+	e := s.midStreamError(err)
+	switch {
+	case s.turnTimedOut.Load():
+		s.record("turn_timeout", e.Reason)
+	case s.timedOut.Load():
+		s.record("event_timeout", e.Reason)
+	default:
+		s.record("error", e.Reason)
+	}
+	s.fail(e, ServiceModel)
 }
 
 // Ready reports whether Next has a chunk (or the end) without waiting for
@@ -190,6 +222,9 @@ func (s *Stream) arrived(end bool) bool {
 // midStreamError is what the caller is told when the daemon stream stops
 // without a Finished event.
 func (s *Stream) midStreamError(err error) *apierr.Error {
+	if s.turnTimedOut.Load() {
+		return errTurnTimeout.WithCause(err)
+	}
 	if s.timedOut.Load() {
 		return errSilent.WithCause(err)
 	}
@@ -289,14 +324,12 @@ func (s *Stream) translate(ev *interndv1.RunEvent) {
 		// closed (drain); the ones queued before it do not wait for that.
 		s.drainDue, s.undrained = true, len(s.queue)
 		f := x.Finished
-		if o := s.svc.Observer; o != nil {
-			outcome := map[interndv1.Finished_Reason]string{interndv1.Finished_REASON_STOP: "stop",
-				interndv1.Finished_REASON_PAUSED: "paused", interndv1.Finished_REASON_ENDED: "ended"}[f.GetReason()]
-			if outcome == "" {
-				outcome = "error"
-			}
-			o.Finished(outcome, f.GetErrorReason())
+		outcome := map[interndv1.Finished_Reason]string{interndv1.Finished_REASON_STOP: "stop",
+			interndv1.Finished_REASON_PAUSED: "paused", interndv1.Finished_REASON_ENDED: "ended"}[f.GetReason()]
+		if outcome == "" {
+			outcome = "error"
 		}
+		s.record(outcome, f.GetErrorReason())
 		switch f.GetReason() {
 		case interndv1.Finished_REASON_STOP:
 			s.finish(model, "stop")

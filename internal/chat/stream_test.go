@@ -201,6 +201,8 @@ func TestKeepalive(t *testing.T) {
 	e := newEnv(t, storetest.SQLite(t), func(s *server.Server) { s.ChatSSE.Keepalive = 30 * time.Millisecond })
 	sc := func(ctx context.Context, send func(*interndv1.RunEvent) error) error {
 		send(started("sess-1"))
+		// The stream opens on the agent's first event, not on Started.
+		send(reasoningEv(model, "thinking"))
 		time.Sleep(250 * time.Millisecond)
 		send(textEv(model, "done"))
 		return send(stopEv(model))

@@ -112,9 +112,10 @@ type Config struct {
 	InternStartConcurrency int
 	// ChatKeepalive is the silence after which a chat stream sends a
 	// keepalive comment; FirstEventTimeout the request budget until the
-	// daemon's first event; EventTimeout the longest silence of an open
-	// stream's daemon.
-	ChatKeepalive, FirstEventTimeout, EventTimeout time.Duration
+	// agent's first event; EventTimeout the longest silence of an open
+	// stream's daemon; TurnTimeout the longest one chat request's run may
+	// take in all before it is cancelled.
+	ChatKeepalive, FirstEventTimeout, EventTimeout, TurnTimeout time.Duration
 	// InteractionDeadline is how long a question waits, passed to every
 	// local intern's daemon.
 	InteractionDeadline time.Duration
@@ -143,6 +144,7 @@ func Default() Config {
 		ChatKeepalive:       30 * time.Second,
 		FirstEventTimeout:   30 * time.Second,
 		EventTimeout:        10 * time.Minute,
+		TurnTimeout:         30 * time.Minute,
 		InteractionDeadline: 5 * time.Minute,
 	}
 }

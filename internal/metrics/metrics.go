@@ -51,7 +51,7 @@ func New(db *bun.DB) *Metrics {
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_chat_refusals_total",
 		Help: "Chat requests refused before the stream, by reason."}, []string{"reason"})
 	m.runs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_chat_runs_total",
-		Help: "Chat streams by how the run ended: stop, paused, ended, error (with the post-200 error's reason)."}, []string{"outcome", "reason"})
+		Help: "Chat requests by how the run ended: stop, paused, ended, error (with the post-200 error's reason), refused (with the refusal's reason), first_event_timeout, event_timeout, turn_timeout, caller_gone."}, []string{"outcome", "reason"})
 	m.exchanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_federation_exchanges_total",
 		Help: "Token exchanges by outcome and the check that refused them."}, []string{"outcome", "failed_check"})
 	m.vault = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cohort_vault_operations_total",

@@ -163,7 +163,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		Interns:    ins,
 		Vault:      &vault.Service{DB: db, KEK: d.KEK, Interns: ins, RegionalHosts: cfg.RegionalHosts},
 		Chat: &chat.Service{Interns: ins, Log: log,
-			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout},
+			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout, TurnTimeout: cfg.TurnTimeout},
 		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
 		Federation: fed,
 		origins:    origins,
