@@ -186,6 +186,9 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 		if errors.Is(ictx.Err(), context.DeadlineExceeded) {
 			return nil, "", fmt.Errorf("the agent did not answer initialize within %s", d.cfg.InitTimeout)
 		}
+		if msg := d.agentMessage(err); msg != "" {
+			return nil, "", fmt.Errorf("the agent refused initialize: %s", msg)
+		}
 		return nil, "", fmt.Errorf("initialize: %w", err)
 	}
 	a.caps = res.AgentCapabilities
@@ -283,6 +286,9 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 		res, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Meta: meta, Cwd: d.work, McpServers: servers})
 		if err != nil {
 			d.log.Warn("session/new failed", "err", err)
+			if msg := d.agentMessage(err); msg != "" {
+				return "", errTurnFailed("the agent refused a new session: %s", msg)
+			}
 			return "", errTurnFailed("the agent refused a new session")
 		}
 		newID, model = string(res.SessionId), res.Models

@@ -19,6 +19,9 @@ import (
 //	INTERND_TEST_AGENT=1        a normal agent (no session/load)
 //	INTERND_TEST_AGENT=load     an agent that supports session/load
 //	INTERND_TEST_AGENT=noinit   never answers initialize
+//	INTERND_TEST_AGENT=refuse   refuses session/new in its own words, echoing
+//	                            its OPENAI_API_KEY and padding past any bound
+//	INTERND_TEST_AGENT=refuseinit  refuses initialize likewise
 //
 // What a turn does is chosen by the prompt's first word (see Prompt).
 func runTestAgent(mode string) {
@@ -31,7 +34,7 @@ func runTestAgent(mode string) {
 			}
 		}
 	}
-	a := &testAgent{load: mode == "load", cancels: map[acp.SessionId]context.CancelFunc{}, paired: make(chan struct{})}
+	a := &testAgent{load: mode == "load", mode: mode, cancels: map[acp.SessionId]context.CancelFunc{}, paired: make(chan struct{})}
 	a.conn = acp.NewAgentSideConnection(a, os.Stdout, os.Stdin)
 	<-a.conn.Done()
 	os.Exit(0)
@@ -40,6 +43,7 @@ func runTestAgent(mode string) {
 type testAgent struct {
 	conn *acp.AgentSideConnection
 	load bool
+	mode string
 
 	mu      sync.Mutex
 	n       int
@@ -54,7 +58,17 @@ func (a *testAgent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.
 	return acp.AuthenticateResponse{}, nil
 }
 
+// refusal is the refuse modes' error: the agent's words, a key it should
+// not have repeated, and a tail longer than any caller needs.
+func refusal(what string) error {
+	return &acp.RequestError{Code: -32000, Message: what + " (key " + os.Getenv("OPENAI_API_KEY") + ")",
+		Data: map[string]any{"details": strings.Repeat("x", 2000)}}
+}
+
 func (a *testAgent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.InitializeResponse, error) {
+	if a.mode == "refuseinit" {
+		return acp.InitializeResponse{}, refusal("Unsupported client: upgrade cohort")
+	}
 	return acp.InitializeResponse{ProtocolVersion: acp.ProtocolVersionNumber, AuthMethods: []acp.AuthMethod{},
 		AgentInfo:         &acp.Implementation{Name: "test-agent", Version: "0.1"},
 		AgentCapabilities: acp.AgentCapabilities{LoadSession: a.load}}, nil
@@ -79,6 +93,9 @@ func (a *testAgent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.
 }
 
 func (a *testAgent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	if a.mode == "refuse" {
+		return acp.NewSessionResponse{}, refusal("Authentication required: call authenticate with method chatgpt first; model gpt-9 is not available")
+	}
 	a.mu.Lock()
 	a.n++
 	id := fmt.Sprintf("agent-session-%d-%d", os.Getpid(), a.n)

@@ -147,6 +147,8 @@ type Daemon struct {
 	store *fileStore
 	work  string
 	tools *tools // the MCP server offering http_request to the agent
+	// redact hides the daemon's secrets in agent messages sent to callers.
+	redact *httptool.Redactor
 
 	// agentMu serializes starting the agent.
 	agentMu sync.Mutex
@@ -216,7 +218,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, store: fs, work: work,
+	d := &Daemon{cfg: cfg, log: cfg.Log, store: fs, work: work, redact: agentRedactor(cfg),
 		sessions: map[string]*session{}, byACP: map[string]*session{}}
 	d.touch()
 	if err := d.startTools(); err != nil {

@@ -162,7 +162,7 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 		}
 	case err != nil:
 		d.log.Warn("agent prompt failed", "run", r.id, "err", err)
-		e := promptError(err)
+		e := d.promptError(err)
 		last, end = finished(pb.Finished_REASON_ERROR, e), e.Reason
 	default:
 		reason, e := mapStop(resp.StopReason)
@@ -214,17 +214,16 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 // promptError turns a failed session/prompt into the stream's error. The
 // built-in agent says why in the JSON-RPC error ({"reason": "timeout"} for
 // an upstream that timed out); anything else is turn_failed.
-func promptError(err error) *apierr.Error {
+func (d *Daemon) promptError(err error) *apierr.Error {
 	var re *acp.RequestError
 	if errors.As(err, &re) {
-		msg := re.Message
-		if len(msg) > 300 {
-			msg = truncate(msg, 300) + "…"
-		}
+		msg := d.agentMessage(err)
 		if data, ok := re.Data.(map[string]any); ok && data["reason"] == "timeout" {
 			return apierr.New(http.StatusGatewayTimeout, "timeout", "the intern's model did not answer in time: %s", msg)
 		}
-		if re.Code != -32603 || msg == "" || msg == "Internal error" {
+		// The agent's own words, whatever the JSON-RPC code (issue 29):
+		// "model gpt-9 is not available" is the caller's to fix.
+		if msg == "" || msg == "Internal error" {
 			return errTurnFailed("the agent failed the turn")
 		}
 		return errTurnFailed("the agent failed the turn: %s", msg)

@@ -1,0 +1,41 @@
+package internd_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/internd"
+)
+
+const testModelKey = "sk-test-model-key-0123456789"
+
+// An agent's refusal reaches the caller in the agent's own words (issue 29),
+// without the daemon's secrets and within a bound.
+func TestAgentRefusalReachesCaller(t *testing.T) {
+	for _, tc := range []struct{ mode, want string }{
+		{"refuse", "the agent refused a new session: Authentication required: call authenticate with method chatgpt first; model gpt-9 is not available"},
+		{"refuseinit", "the agent refused initialize: Unsupported client: upgrade cohort"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			e := newEnv(t, func(c *internd.Config) {
+				cmd, agentEnv := agentCommand(tc.mode)
+				c.AgentCommand, c.AgentEnv = cmd, append(agentEnv, "OPENAI_API_KEY="+testModelKey)
+			})
+			_, err := e.start(t, "", "hello", pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE)
+			wantErr(t, err, http.StatusBadGateway, "turn_failed")
+			msg := apierr.FromConnect(err).Message
+			if !strings.Contains(msg, tc.want) {
+				t.Fatalf("message %q lacks the agent's words %q", msg, tc.want)
+			}
+			if strings.Contains(msg, testModelKey) || !strings.Contains(msg, "[redacted]") {
+				t.Fatalf("message %q carries the model key", msg)
+			}
+			if len(msg) > 500 {
+				t.Fatalf("message not bounded: %d bytes", len(msg))
+			}
+		})
+	}
+}
