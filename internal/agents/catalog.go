@@ -78,14 +78,23 @@ type Resolved struct {
 	Endpoint string
 }
 
-// Resolve returns how agent runs, or an error when the catalog does not
-// allow it.
+// NotAllowedError is Resolve's refusal of an agent the catalog does not
+// hold: an intern created under an earlier catalog whose agent the
+// operator has since removed. Its message is the caller's (issue 29).
+type NotAllowedError struct{ Agent string }
+
+func (e *NotAllowedError) Error() string {
+	return fmt.Sprintf("its agent %q is no longer allowed by the operator (not in the agent catalog)", e.Agent)
+}
+
+// Resolve returns how agent runs, or a *NotAllowedError when the catalog
+// does not allow it.
 func (c Catalog) Resolve(agent string) (Resolved, error) {
 	if agent == "" || agent == Builtin {
 		return Resolved{Name: Builtin}, nil
 	}
-	if err := c.Check(agent); err != nil {
-		return Resolved{}, err
+	if c.Check(agent) != nil {
+		return Resolved{}, &NotAllowedError{Agent: agent}
 	}
 	if cmd, ok := c.Custom[agent]; ok {
 		return Resolved{Name: agent, Command: cmd}, nil

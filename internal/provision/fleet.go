@@ -16,6 +16,7 @@ import (
 	"github.com/uptrace/bun/dialect"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/store"
 )
@@ -345,7 +346,7 @@ func (p *Provisioner) Wake(ctx context.Context, in *store.Intern) (_ *store.Inte
 	case <-s.up:
 	case <-s.failed:
 		p.wakeFailed(s)
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken").WithCause(s.err)
+		return nil, wakeError(s.err)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -438,3 +439,14 @@ var errNoRows = sql.ErrNoRows
 
 // errUnreachable is the chat's refusal when a daemon cannot be reached.
 var errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+
+// wakeError is the caller's error for a wake that failed. Most causes are
+// the operator's to read in the log; an agent the catalog no longer allows
+// is the caller's to act on (pick another agent), so its reason is named.
+func wakeError(cause error) *apierr.Error {
+	var na *agents.NotAllowedError
+	if errors.As(cause, &na) {
+		return apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken: %s", na.Error()).WithCause(cause)
+	}
+	return apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken").WithCause(cause)
+}

@@ -321,3 +321,31 @@ func TestFailedWakeDoesNotWedge(t *testing.T) {
 		t.Fatalf("the next wake: %s", out)
 	}
 }
+
+// TestWakeRefusedAgentSaysWhy: an intern whose agent the operator removed
+// from the catalog cannot be woken, and the caller is told why (issue 29),
+// not only the log.
+func TestWakeRefusedAgentSaysWhy(t *testing.T) {
+	t.Parallel()
+	db := storetest.SQLite(t)
+	e, prov := fleetEnv(t, db, func(p *provision.Provisioner) {
+		p.IdleTimeout = time.Hour
+	})
+	ctx := context.Background()
+	id := e.InternID
+	testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
+	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitLimit, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
+	// Created under an earlier catalog that held this agent.
+	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("agent = ?", "retired-agent").Where("id = ?", id).Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	status, body, _ := e.Do(t, "POST", "/interns/"+id+"/chat/completions", e.WorkspaceKey, "application/json",
+		`{"stream":true,"messages":[{"role":"user","content":"wake up"}]}`)
+	if status != 502 || !strings.Contains(body, `"reason":"intern_unreachable"`) ||
+		!strings.Contains(body, `retired-agent`) || !strings.Contains(body, "no longer allowed by the operator") {
+		t.Fatalf("wake of a retired agent: %d %s", status, body)
+	}
+}

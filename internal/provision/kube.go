@@ -842,7 +842,7 @@ func (p *Provisioner) wakeKube(ctx context.Context, in *store.Intern) (*store.In
 				return nil, late()
 			}
 			if a.err != nil && !errors.Is(a.err, errHeld) {
-				return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken").WithCause(a.err)
+				return nil, wakeError(a.err)
 			}
 		}
 		row, err := p.row(ctx, in.ID)
