@@ -145,7 +145,8 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv, AgentNests: builtIn,
-		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
+		AgentKeys: []string{*agentKey, modelKeyPlaceholder},
+		Model:     *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
 		MaxPausedRuns: *maxPaused, MaxPausedPerCaller: *maxPerCaller, SessionIdleTTL: *sessionTTL, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
 		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
 	if err != nil {

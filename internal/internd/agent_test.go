@@ -61,7 +61,7 @@ func (a *testAgent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.
 // refusal is the refuse modes' error: the agent's words, a key it should
 // not have repeated, and a tail longer than any caller needs.
 func refusal(what string) error {
-	return &acp.RequestError{Code: -32000, Message: what + " (key " + os.Getenv("OPENAI_API_KEY") + ")",
+	return &acp.RequestError{Code: -32000, Message: what + " (key " + os.Getenv("OPENAI_API_KEY") + ", config key " + os.Getenv("INTERND_TEST_ECHO") + ")",
 		Data: map[string]any{"details": strings.Repeat("x", 2000)}}
 }
 

@@ -17,12 +17,15 @@ const maxAgentMessage = 300
 
 // agentRedactor redacts what the daemon knows to be secret from an agent's
 // words before they leave for the caller: the daemon's own bearer secret
-// and every value of the agent's environment whose name says it is a key
-// (the model key, placeholder or real). Vault values never pass through the
+// the model keys it was given (AgentKeys: placeholder or real), and every
+// value of the agent's environment whose name says it is a key. Vault values never pass through the
 // daemon's memory beyond one http_request, and the tool redacts them there.
 func agentRedactor(cfg Config) *httptool.Redactor {
 	r := &httptool.Redactor{}
 	r.Add(cfg.Secret, "[redacted]")
+	for _, k := range cfg.AgentKeys {
+		r.Add(k, "[redacted]")
+	}
 	for _, kv := range cfg.AgentEnv {
 		name, value, ok := strings.Cut(kv, "=")
 		if !ok || len(value) < 4 {

@@ -10,7 +10,13 @@ import (
 	"github.com/cohort-dev/cohort/internal/internd"
 )
 
-const testModelKey = "sk-test-model-key-0123456789"
+const (
+	testModelKey = "sk-test-model-key-0123456789"
+	// testFileKey stands for a key the agent read from a config file: it
+	// is in AgentKeys, and in an environment variable whose name does not
+	// say key only so that the test agent can echo it.
+	testFileKey = "cfg-file-key-9876543210"
+)
 
 // An agent's refusal reaches the caller in the agent's own words (issue 29),
 // without the daemon's secrets and within a bound.
@@ -22,7 +28,8 @@ func TestAgentRefusalReachesCaller(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t, func(c *internd.Config) {
 				cmd, agentEnv := agentCommand(tc.mode)
-				c.AgentCommand, c.AgentEnv = cmd, append(agentEnv, "OPENAI_API_KEY="+testModelKey)
+				c.AgentCommand, c.AgentEnv = cmd, append(agentEnv, "OPENAI_API_KEY="+testModelKey, "INTERND_TEST_ECHO="+testFileKey)
+				c.AgentKeys = []string{testFileKey}
 			})
 			_, err := e.start(t, "", "hello", pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE)
 			wantErr(t, err, http.StatusBadGateway, "turn_failed")
@@ -30,7 +37,7 @@ func TestAgentRefusalReachesCaller(t *testing.T) {
 			if !strings.Contains(msg, tc.want) {
 				t.Fatalf("message %q lacks the agent's words %q", msg, tc.want)
 			}
-			if strings.Contains(msg, testModelKey) || !strings.Contains(msg, "[redacted]") {
+			if strings.Contains(msg, testModelKey) || strings.Contains(msg, testFileKey) || !strings.Contains(msg, "[redacted]") {
 				t.Fatalf("message %q carries the model key", msg)
 			}
 			if len(msg) > 500 {

@@ -53,6 +53,10 @@ type Config struct {
 	AgentCommand []string
 	// AgentEnv is added to the agent's environment.
 	AgentEnv []string
+	// AgentKeys are model keys the agent holds outside its environment
+	// (a config file): redacted, with the daemon's other secrets, from
+	// the agent's error messages before they reach a caller.
+	AgentKeys []string
 	// AgentNests marks the built-in agent, which makes jails of its own
 	// for manual-mode commands: it keeps the daemon's syscall filter and
 	// puts the strict one on every command it runs. Any other agent starts
