@@ -44,6 +44,7 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		agentName    = fs.String("agent", env("COHORT_AGENT", ""), "a known third-party agent to run instead of --agent-command: "+strings.Join(knownAgents(), ", ")+" (COHORT_AGENT; docs/agents.md)")
 		agentModules = fs.String("agent-modules", env("COHORT_AGENT_MODULES", ""), "with --agent, the node_modules directory it is installed in (npm install --no-save in agents/) (COHORT_AGENT_MODULES)")
 		agentBaseURL = fs.String("agent-base-url", env("COHORT_AGENT_PROVIDER_URL", ""), "with --agent, the model API base URL it calls; default: its provider's (COHORT_AGENT_PROVIDER_URL)")
+		agentAuth    = fs.String("agent-auth-method", "", "the ACP authentication method to call authenticate with before any session, when the agent advertises it")
 		agentKey     = fs.String("agent-key-placeholder", "", "with --agent, the API key it sends (a jail's relay puts the real one in its place)")
 		deadline     = fs.Duration("interaction-deadline", envDuration("COHORT_INTERACTION_DEADLINE", 5*time.Minute), "how long a question waits before its run is cancelled (COHORT_INTERACTION_DEADLINE)")
 		retain       = fs.Int("retain-events", envInt("COHORT_RETAIN_EVENTS", 10000), "events kept per run for replay (COHORT_RETAIN_EVENTS)")
@@ -145,8 +146,8 @@ func internCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv, AgentNests: builtIn,
-		AgentKeys: []string{*agentKey, modelKeyPlaceholder},
-		Model:     *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
+		AgentKeys: []string{*agentKey, modelKeyPlaceholder}, AgentAuthMethod: *agentAuth,
+		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
 		MaxPausedRuns: *maxPaused, MaxPausedPerCaller: *maxPerCaller, SessionIdleTTL: *sessionTTL, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
 		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
 	if err != nil {

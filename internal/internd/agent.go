@@ -191,6 +191,18 @@ func (d *Daemon) startAgent(ctx context.Context) (*agentProc, string, error) {
 		}
 		return nil, "", fmt.Errorf("initialize: %w", err)
 	}
+	if m := d.cfg.AgentAuthMethod; m != "" && advertises(res.AuthMethods, m) {
+		actx, cancel := context.WithTimeout(ctx, d.cfg.InitTimeout)
+		_, err := a.conn.Authenticate(actx, acp.AuthenticateRequest{MethodId: m})
+		cancel()
+		if err != nil {
+			a.stop()
+			if msg := d.agentMessage(err); msg != "" {
+				return nil, "", fmt.Errorf("the agent refused authenticate with method %q: %s", m, msg)
+			}
+			return nil, "", fmt.Errorf("authenticate with method %q: %w", m, err)
+		}
+	}
 	a.caps = res.AgentCapabilities
 	info := "unknown agent"
 	if res.AgentInfo != nil {

@@ -22,6 +22,8 @@ import (
 //	INTERND_TEST_AGENT=refuse   refuses session/new in its own words, echoing
 //	                            its OPENAI_API_KEY and padding past any bound
 //	INTERND_TEST_AGENT=refuseinit  refuses initialize likewise
+//	INTERND_TEST_AGENT=auth     advertises auth method "test-login" and
+//	                            refuses session/new until authenticated with it
 //
 // What a turn does is chosen by the prompt's first word (see Prompt).
 func runTestAgent(mode string) {
@@ -41,9 +43,10 @@ func runTestAgent(mode string) {
 }
 
 type testAgent struct {
-	conn *acp.AgentSideConnection
-	load bool
-	mode string
+	conn   *acp.AgentSideConnection
+	load   bool
+	mode   string
+	authed bool
 
 	mu      sync.Mutex
 	n       int
@@ -54,7 +57,13 @@ type testAgent struct {
 	paired chan struct{}
 }
 
-func (a *testAgent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+func (a *testAgent) Authenticate(ctx context.Context, p acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+	if p.MethodId != "test-login" {
+		return acp.AuthenticateResponse{}, &acp.RequestError{Code: -32602, Message: "unknown auth method " + p.MethodId}
+	}
+	a.mu.Lock()
+	a.authed = true
+	a.mu.Unlock()
 	return acp.AuthenticateResponse{}, nil
 }
 
@@ -69,7 +78,11 @@ func (a *testAgent) Initialize(ctx context.Context, p acp.InitializeRequest) (ac
 	if a.mode == "refuseinit" {
 		return acp.InitializeResponse{}, refusal("Unsupported client: upgrade cohort")
 	}
-	return acp.InitializeResponse{ProtocolVersion: acp.ProtocolVersionNumber, AuthMethods: []acp.AuthMethod{},
+	methods := []acp.AuthMethod{}
+	if a.mode == "auth" {
+		methods = append(methods, acp.AuthMethod{Agent: &acp.AuthMethodAgent{Id: "test-login", Name: "Test login"}})
+	}
+	return acp.InitializeResponse{ProtocolVersion: acp.ProtocolVersionNumber, AuthMethods: methods,
 		AgentInfo:         &acp.Implementation{Name: "test-agent", Version: "0.1"},
 		AgentCapabilities: acp.AgentCapabilities{LoadSession: a.load}}, nil
 }
@@ -93,6 +106,12 @@ func (a *testAgent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.
 }
 
 func (a *testAgent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	a.mu.Lock()
+	authed := a.authed
+	a.mu.Unlock()
+	if a.mode == "auth" && !authed {
+		return acp.NewSessionResponse{}, &acp.RequestError{Code: -32000, Message: "Authentication required: call authenticate with method test-login first"}
+	}
 	if a.mode == "refuse" {
 		return acp.NewSessionResponse{}, refusal("Authentication required: call authenticate with method chatgpt first; model gpt-9 is not available")
 	}

@@ -81,3 +81,17 @@ func joinMsg(a, b string) string {
 	}
 	return a + ": " + b
 }
+
+// advertises reports whether the agent offered the authentication method id
+// in initialize; the daemon authenticates with no method it did not offer.
+func advertises(methods []acp.AuthMethod, id string) bool {
+	for _, m := range methods {
+		switch {
+		case m.Agent != nil && m.Agent.Id == id,
+			m.EnvVar != nil && m.EnvVar.Id == id,
+			m.Terminal != nil && m.Terminal.Id == id:
+			return true
+		}
+	}
+	return false
+}

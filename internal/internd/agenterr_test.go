@@ -46,3 +46,24 @@ func TestAgentRefusalReachesCaller(t *testing.T) {
 		})
 	}
 }
+
+// An agent that advertises an auth method and requires it: without the
+// operator's method the caller reads the agent's demand; with it the daemon
+// authenticates before session/new and the turn runs.
+func TestAgentAuthenticate(t *testing.T) {
+	cmd, agentEnv := agentCommand("auth")
+	bare := newEnv(t, func(c *internd.Config) { c.AgentCommand, c.AgentEnv = cmd, agentEnv })
+	_, err := bare.start(t, "", "hello", pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE)
+	wantErr(t, err, http.StatusBadGateway, "turn_failed")
+	if msg := apierr.FromConnect(err).Message; !strings.Contains(msg, "call authenticate with method test-login") {
+		t.Fatalf("message %q lacks the agent's demand", msg)
+	}
+	authed := newEnv(t, func(c *internd.Config) {
+		c.AgentCommand, c.AgentEnv, c.AgentAuthMethod = cmd, agentEnv, "test-login"
+	})
+	evs, err := authed.start(t, "", "hello", pb.ApprovalMode_APPROVAL_MODE_SELF_DRIVE)
+	mustOK(t, err)
+	if f := finish(t, evs); f.GetReason() != pb.Finished_REASON_STOP {
+		t.Fatalf("authenticated turn: %v", f)
+	}
+}

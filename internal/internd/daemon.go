@@ -57,6 +57,10 @@ type Config struct {
 	// (a config file): redacted, with the daemon's other secrets, from
 	// the agent's error messages before they reach a caller.
 	AgentKeys []string
+	// AgentAuthMethod is the ACP authentication method the operator chose
+	// for this agent; the daemon calls authenticate with it before any
+	// session when the agent advertises it. "" sends no authenticate.
+	AgentAuthMethod string
 	// AgentNests marks the built-in agent, which makes jails of its own
 	// for manual-mode commands: it keeps the daemon's syscall filter and
 	// puts the strict one on every command it runs. Any other agent starts
