@@ -22,6 +22,11 @@ func agentFlags(fs *flag.FlagSet, cfg *config.Config) {
 		cfg.AgentEndpoints = append(cfg.AgentEndpoints, v)
 		return nil
 	})
+	cfg.AgentAuthMethods = splitEntries(env("COHORT_AGENT_AUTH_METHODS", ""))
+	fs.Func("agent-auth-method", "name=method: the ACP authentication method an agent is authenticated with before any session, when it advertises it (repeatable; COHORT_AGENT_AUTH_METHODS, entries separated by ';')", func(v string) error {
+		cfg.AgentAuthMethods = append(cfg.AgentAuthMethods, v)
+		return nil
+	})
 }
 
 // agentCatalog builds the catalog from the configuration; errors name the

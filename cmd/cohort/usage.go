@@ -20,7 +20,7 @@ var serveGroups = []flagGroup{
 	{"Interns", []string{"provisioner", "intern-idle-timeout", "intern-start-concurrency", "max-awake-interns", "interaction-deadline", "jail-orphan-timeout", "jail-ro-bind", "intern-egress-allow-hosts", "http-tool-ca-file", "unsafe-shared-host"}},
 	{"Limits of each intern's jail (--provisioner local)", []string{"intern-memory", "intern-max-processes", "intern-cpu-weight", "intern-cpus", "intern-tmpfs", "intern-disk"}},
 	{"Kubernetes (--provisioner kubernetes; docs/kubernetes.md)", []string{"kube-config", "kube-namespace", "kube-image", "kube-gateway-url", "kube-cpu-request", "kube-memory-request", "kube-cpu-limit", "kube-memory-limit", "kube-storage-size", "kube-tmp-size", "kube-storage-class", "kube-wake-timeout", "kube-agent-modules"}},
-	{"Agents", []string{"agent", "agent-command", "agent-endpoint", "agent-modules"}},
+	{"Agents", []string{"agent", "agent-auth-method", "agent-command", "agent-endpoint", "agent-modules"}},
 	{"Chat", []string{"chat-keepalive", "first-event-timeout", "event-timeout", "turn-timeout", "turn-rate"}},
 	{"Federation", []string{"token-issuer", "exchange-rate", "extra-ca-file", "federation-allow-hosts"}},
 }

@@ -30,6 +30,9 @@ type Catalog struct {
 	// Endpoints overrides a known agent's model API base URL (a company
 	// proxy, or a test's scripted server).
 	Endpoints map[string]string
+	// AuthMethods names, per agent, the ACP authentication method the
+	// daemon calls authenticate with when the agent advertises it.
+	AuthMethods map[string]string
 }
 
 // Names lists what interns may name, sorted: the built-in agent, the known
@@ -121,6 +124,20 @@ func ParseCustom(entries []string) (map[string][]string, error) {
 			return nil, fmt.Errorf("agent name %q: want lowercase letters, digits and dashes (at most 32), not %q", name, Builtin)
 		}
 		out[name] = argv
+	}
+	return out, nil
+}
+
+// ParseAuthMethods reads "name=method" entries: the ACP authentication
+// method each named agent (known or custom) is authenticated with.
+func ParseAuthMethods(entries []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, e := range entries {
+		name, method, ok := strings.Cut(e, "=")
+		if !ok || name == "" || method == "" || strings.ContainsAny(method, " \t\n") {
+			return nil, fmt.Errorf("agent auth method %q: want name=method", e)
+		}
+		out[name] = method
 	}
 	return out, nil
 }

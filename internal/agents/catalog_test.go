@@ -105,3 +105,15 @@ func TestInstallWritesOnlyUnderHome(t *testing.T) {
 		t.Fatal("a file outside home was written")
 	}
 }
+
+func TestParseAuthMethods(t *testing.T) {
+	m, err := ParseAuthMethods([]string{"codex=chatgpt", "mine=api-key"})
+	if err != nil || m["codex"] != "chatgpt" || m["mine"] != "api-key" {
+		t.Fatalf("%v %v", m, err)
+	}
+	for _, bad := range []string{"codex", "=x", "codex=", "codex=a b"} {
+		if _, err := ParseAuthMethods([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -82,6 +82,8 @@ type Config struct {
 	AgentModules   string
 	Agents         []string
 	AgentEndpoints []string
+	// AgentAuthMethods are "name=method" ACP authentication methods.
+	AgentAuthMethods []string
 	// UnsafeSharedHost runs local interns unjailed, as the gateway's own
 	// user on its own host: only for machines that cannot make jails and
 	// interns whose users are trusted with the gateway's keys.
@@ -160,7 +162,11 @@ func (c Config) Catalog() (agents.Catalog, error) {
 	if err != nil {
 		return agents.Catalog{}, fmt.Errorf("--agent-endpoint (COHORT_AGENT_ENDPOINTS): %w", err)
 	}
-	cat := agents.Catalog{Custom: custom, Endpoints: endpoints}
+	auth, err := agents.ParseAuthMethods(c.AgentAuthMethods)
+	if err != nil {
+		return agents.Catalog{}, fmt.Errorf("--agent-auth-method (COHORT_AGENT_AUTH_METHODS): %w", err)
+	}
+	cat := agents.Catalog{Custom: custom, Endpoints: endpoints, AuthMethods: auth}
 	if c.AgentModules != "" {
 		if cat.Modules, err = filepath.Abs(c.AgentModules); err != nil {
 			return agents.Catalog{}, err

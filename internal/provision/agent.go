@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/cohort-dev/cohort/internal/agents"
 )
 
 // KeyPlaceholder is the model key agents in a jail send: the model relay
@@ -29,6 +31,14 @@ func (p *Provisioner) agentFor(name string, jailed bool) (agentRun, error) {
 	if err != nil {
 		return agentRun{}, err
 	}
+	run, err := p.agentRun(r, jailed)
+	if m := p.Agents.AuthMethods[r.Name]; m != "" && err == nil {
+		run.flags = append(run.flags, "--agent-auth-method", m)
+	}
+	return run, err
+}
+
+func (p *Provisioner) agentRun(r agents.Resolved, jailed bool) (agentRun, error) {
 	switch {
 	case r.Profile != nil:
 		run := agentRun{upstream: r.Endpoint, keySecret: r.Profile.KeySecret, modules: p.Agents.Modules,
