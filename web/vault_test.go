@@ -116,8 +116,9 @@ func TestVaultListsAndAudit(t *testing.T) {
 	if secrets("api_token") != 1 {
 		t.Fatal("the other secret went too")
 	}
-	// A workspace key reads no audit: the API's refusal, as it words it.
-	if msg := b.Text(t, audit+" .error"); msg != "the vault audit requires a management key" {
+	// A workspace key is offered no audit it could only be refused: a note
+	// says why.
+	if msg := b.Text(t, audit+" .needs-management"); msg != "The release audit needs a management key; you are signed in with a workspace key." {
 		t.Fatalf("audit with a workspace key: %q", msg)
 	}
 	fitsPhone(t, b, "vault with lists")

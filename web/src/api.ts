@@ -34,6 +34,14 @@ export function keyKind(): string {
   return "unknown";
 }
 
+// lacksManagement: the signed-in key is known (by its prefix) not to be a
+// management key, so management-only forms would only be refused. An
+// unrecognised key (an exchanged access token) is left to the API to judge.
+export function lacksManagement(): boolean {
+  const k = keyKind();
+  return k === "workspace" || k === "personal";
+}
+
 const bearer: Interceptor = (next) => async (req) => {
   const k = apiKey();
   if (k) req.header.set("Authorization", `Bearer ${k}`);

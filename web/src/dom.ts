@@ -116,6 +116,11 @@ export function when(ts: { seconds: bigint; nanos: number } | undefined): string
 }
 
 // table renders rows in a horizontally scrollable wrapper (phones).
+// managementNote takes the place of what only a management key can do.
+export function managementNote(what: string, kind: string): HTMLElement {
+  return h("p", { class: "note needs-management" }, `${what} needs a management key; you are signed in with a ${kind} key.`);
+}
+
 export function table(caption: string, head: string[], rows: HTMLElement[]): HTMLElement {
   return h(
     "div",

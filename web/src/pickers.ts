@@ -29,10 +29,15 @@ export async function allInterns(): Promise<{ ws: Workspace; interns: Intern[] }
 }
 
 // internSelect offers every intern, grouped by workspace, preselecting id.
+// A required select with no id and a single intern to offer preselects that
+// intern: there is nothing to choose, so the form must not refuse for it.
 export async function internSelect(attrs: Record<string, string | boolean>, id: string, out: HTMLElement): Promise<HTMLSelectElement> {
   const sel = select(attrs, option("", "Choose an intern"));
   try {
-    for (const g of await allInterns()) {
+    const groups = await allInterns();
+    const all = groups.flatMap((g) => g.interns);
+    if (!id && attrs.required && all.length === 1) id = all[0].id;
+    for (const g of groups) {
       if (g.interns.length === 0) continue;
       sel.append(h("optgroup", { label: g.ws.name }, ...g.interns.map((i) => option(i.id, `${i.name} (${i.state})`, i.id === id))));
     }

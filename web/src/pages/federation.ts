@@ -3,11 +3,11 @@
 // condition checked by the server as it is typed), a dry run of a pasted
 // token against a policy, and the exchange audit. Needs a management key of
 // an organization with the workload identity entitlement.
-import { admin, federation, errorText } from "../api";
+import { admin, federation, errorText, keyKind, lacksManagement } from "../api";
 import type { ClaimCheck, FederationIssuer, FederationPolicy, Exchange } from "../gen/cohort/v1/federation_pb";
 import type { ApiKey } from "../gen/cohort/v1/admin_pb";
 import {
-  h, message, field, input, select, textarea, option, button, rule, validate, table, row, when,
+  managementNote, h, message, field, input, select, textarea, option, button, rule, validate, table, row, when,
   required, maxRunes, noControl, runes, confirmButton, uid, actions, type Rule,
 } from "../dom";
 
@@ -38,6 +38,10 @@ const httpsURL = (name: string, optional: boolean): Rule => (v) => {
 type State = { issuers: FederationIssuer[]; policies: FederationPolicy[]; keys: ApiKey[] };
 
 export async function federationPage(root: HTMLElement): Promise<void> {
+  if (lacksManagement()) {
+    root.append(h("h1", { tabindex: "-1" }, "Workload identity"), managementNote("Workload identity federation", keyKind()));
+    return;
+  }
   const st: State = { issuers: [], policies: [], keys: [] };
   const loadOut = h("div");
   const issuersBox = h("div");

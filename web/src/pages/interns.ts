@@ -6,6 +6,9 @@ import type { Intern } from "../gen/cohort/v1/intern_pb";
 import { h, message, field, input, button, rule, validate, table, row, when, required, maxRunes, confirmButton, actions } from "../dom";
 import { workspaceSelect } from "../pickers";
 
+// fit marks a table whose ids and actions wrap to keep every column in view.
+const fit = (el: HTMLElement) => (el.classList.add("fit"), el);
+
 export async function internsPage(root: HTMLElement, wsArg: string): Promise<void> {
   const list = h("div");
   const out = h("div", { class: "out" });
@@ -22,7 +25,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
       const res = await interns.listInterns({ workspaceId: ws.value });
       list.replaceChildren(
         res.interns.length
-          ? table("Interns", ["Name", "Model", "Agent", "State", "Id", "Created", "Actions"], res.interns.map(internRow))
+          ? fit(table("Interns", ["Name", "Model", "Agent", "State", "Id", "Created", "Actions"], res.interns.map(internRow)))
           : message("note", "No interns in this workspace yet."),
       );
     } catch (err) {

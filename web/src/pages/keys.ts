@@ -1,11 +1,15 @@
 // API keys: list, create (the key is shown once, with a copy button),
 // disable, enable and delete. Every call needs a management key.
-import { admin, errorText } from "../api";
+import { admin, errorText, keyKind, lacksManagement } from "../api";
 import type { ApiKey } from "../gen/cohort/v1/admin_pb";
-import { h, message, field, input, select, option, button, rule, validate, table, row, when, maxRunes, noControl, confirmButton, actions } from "../dom";
+import { managementNote, h, message, field, input, select, option, button, rule, validate, table, row, when, maxRunes, noControl, confirmButton, actions } from "../dom";
 import { listWorkspaces } from "../pickers";
 
 export async function keysPage(root: HTMLElement): Promise<void> {
+  if (lacksManagement()) {
+    root.append(h("h1", { tabindex: "-1" }, "API keys"), managementNote("Listing and creating API keys", keyKind()));
+    return;
+  }
   const list = h("div");
   const out = h("div", { class: "out" });
   const rowOut = h("div", { class: "out" });

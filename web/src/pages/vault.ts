@@ -2,9 +2,9 @@
 // list both vaults' secrets (metadata only) with paging and delete, and the
 // organization's release audit. The value field is write-only: a password
 // input, cleared on every submit, never echoed or kept.
-import { vault, vaultAdmin, errorText } from "../api";
+import { vault, vaultAdmin, errorText, keyKind, lacksManagement } from "../api";
 import type { SecretMetadata, SecretRelease } from "../gen/cohort/v1/vault_pb";
-import { h, message, field, input, select, option, button, rule, validate, when, required, maxRunes, pattern, runes, table, row, confirmButton, type Rule } from "../dom";
+import { managementNote, h, message, field, input, select, option, button, rule, validate, when, required, maxRunes, pattern, runes, table, row, confirmButton, type Rule } from "../dom";
 import { internSelect } from "../pickers";
 
 const MAX_HOSTS = 100;
@@ -142,7 +142,9 @@ export async function vaultPage(root: HTMLElement, internArg: string): Promise<v
     field("Value", value, "Write-only: encrypted at rest, never shown again. Storing under an existing name replaces it."),
     submit,
   );
-  const audit = await releaseAudit();
+  const audit = lacksManagement()
+    ? h("section", { "aria-labelledby": "audit-title" }, h("h2", { id: "audit-title" }, "Release audit"), managementNote("The release audit", keyKind()))
+    : await releaseAudit();
   root.append(
     h("h1", { tabindex: "-1" }, "Vault"),
     h(

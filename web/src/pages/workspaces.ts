@@ -1,10 +1,11 @@
 // Workspaces: the list the key can see, and creation with every field of the
 // spec's create request, validated here as the service validates it.
-import { workspaces, admin, errorText } from "../api";
+import { workspaces, admin, errorText, keyKind, lacksManagement } from "../api";
 import type { Workspace } from "../gen/cohort/v1/workspace_pb";
 import {
   h, message, field, input, select, textarea, option, rule, validate, table, row, when,
   required, maxRunes, noControl, pattern,
+  managementNote,
 } from "../dom";
 
 const SORTS = ["price", "throughput", "latency", "exacto"];
@@ -119,6 +120,11 @@ export async function workspacesPage(root: HTMLElement): Promise<void> {
     h("button", { type: "submit" }, "Create workspace"),
     out,
   );
+  if (lacksManagement()) {
+    root.append(h("h1", { tabindex: "-1" }, "Workspaces"), list, managementNote("Creating a workspace", keyKind()));
+    await load();
+    return;
+  }
   root.append(h("h1", { tabindex: "-1" }, "Workspaces"), list, h("h2", {}, "Create a workspace"), h("p", { class: "hint" }, "Needs a management key."), form);
   await Promise.all([load(), loadKeys()]);
 }
