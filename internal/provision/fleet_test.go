@@ -280,21 +280,28 @@ func TestMaxAwakeEvictsTheLeastRecentlyUsed(t *testing.T) {
 	}
 }
 
-// A wake whose agent cannot start is the spec's unreachable intern, and
-// the intern sleeps again, so the next wake starts afresh.
-func TestFailedWakeDoesNotWedge(t *testing.T) {
-	t.Parallel()
+// sleepingIntern is a fleet whose demo intern ran once and was put to
+// sleep: the next turn wakes it.
+func sleepingIntern(t *testing.T) (*bun.DB, *testenv.Env, *provision.Provisioner, string) {
+	t.Helper()
 	db := storetest.SQLite(t)
 	e, prov := fleetEnv(t, db, func(p *provision.Provisioner) {
 		p.IdleTimeout = time.Hour
 	})
-	ctx := context.Background()
 	id := e.InternID
 	testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
-	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(ctx); err != nil {
+	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, waitLimit, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
+	return db, e, prov, id
+}
+
+// A wake whose agent cannot start is the spec's unreachable intern, and
+// the intern sleeps again, so the next wake starts afresh.
+func TestFailedWakeDoesNotWedge(t *testing.T) {
+	t.Parallel()
+	db, e, prov, id := sleepingIntern(t)
 	// Break the intern: a file where its directory was.
 	dir := filepath.Join(prov.DataDir, "interns", id)
 	if err := os.Rename(dir, dir+".away"); err != nil {
@@ -327,17 +334,8 @@ func TestFailedWakeDoesNotWedge(t *testing.T) {
 // not only the log.
 func TestWakeRefusedAgentSaysWhy(t *testing.T) {
 	t.Parallel()
-	db := storetest.SQLite(t)
-	e, prov := fleetEnv(t, db, func(p *provision.Provisioner) {
-		p.IdleTimeout = time.Hour
-	})
+	db, e, _, id := sleepingIntern(t)
 	ctx := context.Background()
-	id := e.InternID
-	testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
-	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, waitLimit, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
 	// Created under an earlier catalog that held this agent.
 	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("agent = ?", "retired-agent").Where("id = ?", id).Exec(ctx); err != nil {
 		t.Fatal(err)
