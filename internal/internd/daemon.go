@@ -385,6 +385,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 
 	r := d.newRun(ctx, s, mode, prompt)
 	r.caller = caller
+	r.detached = req.GetDetached()
 	r.attached, r.log.pin = true, 1
 	r.add(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: id, RunId: r.id}}})
 	d.mu.Lock()
@@ -437,7 +438,7 @@ func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint6
 		}
 		return nil, 0, apierr.New(http.StatusNotFound, "interaction_unknown", "no pending question in this session has this id")
 	}
-	return r.answer(iaID, req.GetAnswer())
+	return r.answer(iaID, req.GetAnswer(), req.GetDetached())
 }
 
 // Attach attaches the caller to a run from a sequence number.

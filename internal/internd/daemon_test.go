@@ -1094,3 +1094,53 @@ func TestSessionMemoryFlat(t *testing.T) {
 		t.Fatalf("the live heap grew by %d KB over 1,500 sessions", (after-before)>>10)
 	}
 }
+
+// A detached run (a background run) goes on when its consumer goes away:
+// another consumer attaches from where the first stopped and reads it to
+// its end, and Cancel still ends it.
+func TestDetachedRunSurvivesConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := e.c.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: "s", Prompt: "hang", Detached: true}))
+	mustOK(t, err)
+	var evs []*pb.RunEvent
+	for len(evs) < 2 && s.Receive() {
+		evs = append(evs, s.Msg().GetEvent())
+	}
+	if text(evs) != "hanging" {
+		t.Fatalf("got %v %v", evs, s.Err())
+	}
+	cancel()
+	run := started(t, evs).GetRunId()
+	var a *connect.ServerStreamForClient[pb.AttachResponse]
+	actx, acancel := context.WithTimeout(context.Background(), time.Minute)
+	defer acancel()
+	testutil.Poll(10*time.Second, func() bool {
+		a, err = e.c.Attach(actx, connect.NewRequest(&pb.AttachRequest{SessionId: "s", RunId: run, FromSeq: 2}))
+		mustOK(t, err)
+		if a.Receive() {
+			return true
+		}
+		ae := apierr.FromConnect(a.Err())
+		if ae.Status != 409 || ae.Reason != "attachment_failed" {
+			t.Fatalf("attach: %v", a.Err())
+		}
+		return false
+	})
+	// The run is still live: its text replays from seq 2, nothing ended it.
+	if ev := a.Msg().GetEvent(); ev.GetSeq() != 2 || ev.GetText().GetText() != "hanging" {
+		t.Fatalf("attach replays %v", ev)
+	}
+	if st := e.status(t); st.GetLiveRuns() != 1 {
+		t.Fatalf("the detached run ended with its consumer: %v", st)
+	}
+	res, err := e.c.Cancel(context.Background(), connect.NewRequest(&pb.CancelRequest{SessionId: "s"}))
+	mustOK(t, err)
+	if !res.Msg.GetCancelled() {
+		t.Fatal("cancel found no run")
+	}
+	rest, err := drain[pb.AttachResponse](a)
+	mustOK(t, err)
+	checkFinished(t, "cancelled", finish(t, rest), runEnded)
+}

@@ -46,10 +46,13 @@ type run struct {
 	mu sync.Mutex
 	// consumed is signalled when the attached consumer moves on, detaches,
 	// or the run is cancelled: an agent that outpaces its consumer waits.
-	consumed   *sync.Cond
-	log        eventLog
-	state      runState
-	attached   bool
+	consumed *sync.Cond
+	log      eventLog
+	state    runState
+	attached bool
+	// detached: a consumer that goes away does not cancel the run (a
+	// background run, StartTurnRequest.detached).
+	detached   bool
 	pending    *interaction
 	cancelling bool
 	end        *apierr.Error // how a cancelled run ends; nil is run_ended
@@ -381,7 +384,7 @@ func (r *run) expire(ia *interaction) {
 
 // answer validates and delivers an answer. Exactly one of concurrent
 // answers wins: the others see the interaction no longer pending.
-func (r *run) answer(iaID, text string) (*run, uint64, error) {
+func (r *run) answer(iaID, text string, detached bool) (*run, uint64, error) {
 	d := r.d
 	r.mu.Lock()
 	ia := r.pending
@@ -401,6 +404,7 @@ func (r *run) answer(iaID, text string) (*run, uint64, error) {
 	ia.timer.Stop()
 	r.pending = nil
 	r.state = stateStreaming
+	r.detached = r.detached || detached
 	d.releasePause(r.caller)
 	d.live.Add(1)
 	r.attached, r.log.pin = true, r.log.next
@@ -432,7 +436,7 @@ func (r *run) stream(ctx context.Context, from uint64, send func(*pb.RunEvent) e
 	}()
 	gone := func(err error) error {
 		r.mu.Lock()
-		streaming := r.state == stateStreaming
+		streaming := r.state == stateStreaming && !r.detached
 		r.mu.Unlock()
 		if streaming {
 			r.d.cancelRun(r, nil)

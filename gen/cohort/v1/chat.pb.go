@@ -32,7 +32,11 @@ type StreamChatCompletionRequest struct {
 	// 1 to 256 characters; accepted for compatibility and never used.
 	Model *string `protobuf:"bytes,4,opt,name=model,proto3,oneof" json:"model,omitempty"`
 	// 1 to 256 characters; required when the last message has role "tool".
-	SessionId     *string `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3,oneof" json:"session_id,omitempty"`
+	SessionId *string `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3,oneof" json:"session_id,omitempty"`
+	// Run the turn in the background (docs/background.md): the stream sends
+	// one message carrying `run` and ends, and the run goes on without the
+	// connection. Its chunks are read back from the run's event stream.
+	Background    bool `protobuf:"varint,6,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -100,6 +104,13 @@ func (x *StreamChatCompletionRequest) GetSessionId() string {
 		return *x.SessionId
 	}
 	return ""
+}
+
+func (x *StreamChatCompletionRequest) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
 }
 
 // ChatMessage is one OpenAI-style message. Text parts of an array content
@@ -303,8 +314,11 @@ func (x *FunctionCall) GetArguments() string {
 }
 
 type StreamChatCompletionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Chunk         *ChatCompletionChunk   `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Chunk *ChatCompletionChunk   `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// Only for a background request: the run it started (or continued), the
+	// stream's one message.
+	Run           *BackgroundRun `protobuf:"bytes,2,opt,name=run,proto3" json:"run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -346,6 +360,86 @@ func (x *StreamChatCompletionResponse) GetChunk() *ChatCompletionChunk {
 	return nil
 }
 
+func (x *StreamChatCompletionResponse) GetRun() *BackgroundRun {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// BackgroundRun is what a background request answers: the run to poll
+// (GET /api/v1/interns/{internId}/runs/{runId}) and stream
+// (…/runs/{runId}/events).
+type BackgroundRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "run_…".
+	Id        string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	InternId  string `protobuf:"bytes,2,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// "running", "paused", "completed", "failed" or "cancelled".
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackgroundRun) Reset() {
+	*x = BackgroundRun{}
+	mi := &file_cohort_v1_chat_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackgroundRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackgroundRun) ProtoMessage() {}
+
+func (x *BackgroundRun) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_chat_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackgroundRun.ProtoReflect.Descriptor instead.
+func (*BackgroundRun) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BackgroundRun) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BackgroundRun) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *BackgroundRun) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *BackgroundRun) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
 // ChatCompletionChunk mirrors one `data:` line of the spec's stream.
 type ChatCompletionChunk struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -373,7 +467,7 @@ type ChatCompletionChunk struct {
 
 func (x *ChatCompletionChunk) Reset() {
 	*x = ChatCompletionChunk{}
-	mi := &file_cohort_v1_chat_proto_msgTypes[5]
+	mi := &file_cohort_v1_chat_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +479,7 @@ func (x *ChatCompletionChunk) String() string {
 func (*ChatCompletionChunk) ProtoMessage() {}
 
 func (x *ChatCompletionChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_chat_proto_msgTypes[5]
+	mi := &file_cohort_v1_chat_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +492,7 @@ func (x *ChatCompletionChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatCompletionChunk.ProtoReflect.Descriptor instead.
 func (*ChatCompletionChunk) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{5}
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ChatCompletionChunk) GetId() string {
@@ -469,7 +563,7 @@ type ChatChoice struct {
 
 func (x *ChatChoice) Reset() {
 	*x = ChatChoice{}
-	mi := &file_cohort_v1_chat_proto_msgTypes[6]
+	mi := &file_cohort_v1_chat_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +575,7 @@ func (x *ChatChoice) String() string {
 func (*ChatChoice) ProtoMessage() {}
 
 func (x *ChatChoice) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_chat_proto_msgTypes[6]
+	mi := &file_cohort_v1_chat_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +588,7 @@ func (x *ChatChoice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatChoice.ProtoReflect.Descriptor instead.
 func (*ChatChoice) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{6}
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ChatChoice) GetIndex() int32 {
@@ -531,7 +625,7 @@ type ChatDelta struct {
 
 func (x *ChatDelta) Reset() {
 	*x = ChatDelta{}
-	mi := &file_cohort_v1_chat_proto_msgTypes[7]
+	mi := &file_cohort_v1_chat_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +637,7 @@ func (x *ChatDelta) String() string {
 func (*ChatDelta) ProtoMessage() {}
 
 func (x *ChatDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_chat_proto_msgTypes[7]
+	mi := &file_cohort_v1_chat_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +650,7 @@ func (x *ChatDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatDelta.ProtoReflect.Descriptor instead.
 func (*ChatDelta) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{7}
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ChatDelta) GetRole() string {
@@ -601,7 +695,7 @@ type ChunkError struct {
 
 func (x *ChunkError) Reset() {
 	*x = ChunkError{}
-	mi := &file_cohort_v1_chat_proto_msgTypes[8]
+	mi := &file_cohort_v1_chat_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +707,7 @@ func (x *ChunkError) String() string {
 func (*ChunkError) ProtoMessage() {}
 
 func (x *ChunkError) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_chat_proto_msgTypes[8]
+	mi := &file_cohort_v1_chat_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +720,7 @@ func (x *ChunkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkError.ProtoReflect.Descriptor instead.
 func (*ChunkError) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{8}
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ChunkError) GetCode() int32 {
@@ -665,7 +759,7 @@ type ChatUsage struct {
 
 func (x *ChatUsage) Reset() {
 	*x = ChatUsage{}
-	mi := &file_cohort_v1_chat_proto_msgTypes[9]
+	mi := &file_cohort_v1_chat_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +771,7 @@ func (x *ChatUsage) String() string {
 func (*ChatUsage) ProtoMessage() {}
 
 func (x *ChatUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_chat_proto_msgTypes[9]
+	mi := &file_cohort_v1_chat_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +784,7 @@ func (x *ChatUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatUsage.ProtoReflect.Descriptor instead.
 func (*ChatUsage) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{9}
+	return file_cohort_v1_chat_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ChatUsage) GetPromptTokens() int64 {
@@ -732,14 +826,17 @@ var File_cohort_v1_chat_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_chat_proto_rawDesc = "" +
 	"\n" +
-	"\x14cohort/v1/chat.proto\x12\tcohort.v1\"\xeb\x01\n" +
+	"\x14cohort/v1/chat.proto\x12\tcohort.v1\"\x8b\x02\n" +
 	"\x1bStreamChatCompletionRequest\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.cohort.v1.ChatMessageR\bmessages\x12#\n" +
 	"\rapproval_mode\x18\x03 \x01(\tR\fapprovalMode\x12\x19\n" +
 	"\x05model\x18\x04 \x01(\tH\x00R\x05model\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"session_id\x18\x05 \x01(\tH\x01R\tsessionId\x88\x01\x01B\b\n" +
+	"session_id\x18\x05 \x01(\tH\x01R\tsessionId\x88\x01\x01\x12\x1e\n" +
+	"\n" +
+	"background\x18\x06 \x01(\bR\n" +
+	"backgroundB\b\n" +
 	"\x06_modelB\r\n" +
 	"\v_session_id\"\xa2\x01\n" +
 	"\vChatMessage\x12\x12\n" +
@@ -758,9 +855,16 @@ const file_cohort_v1_chat_proto_rawDesc = "" +
 	"\bfunction\x18\x04 \x01(\v2\x17.cohort.v1.FunctionCallR\bfunction\"@\n" +
 	"\fFunctionCall\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
-	"\targuments\x18\x02 \x01(\tR\targuments\"T\n" +
+	"\targuments\x18\x02 \x01(\tR\targuments\"\x80\x01\n" +
 	"\x1cStreamChatCompletionResponse\x124\n" +
-	"\x05chunk\x18\x01 \x01(\v2\x1e.cohort.v1.ChatCompletionChunkR\x05chunk\"\xaa\x02\n" +
+	"\x05chunk\x18\x01 \x01(\v2\x1e.cohort.v1.ChatCompletionChunkR\x05chunk\x12*\n" +
+	"\x03run\x18\x02 \x01(\v2\x18.cohort.v1.BackgroundRunR\x03run\"s\n" +
+	"\rBackgroundRun\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tintern_id\x18\x02 \x01(\tR\binternId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\"\xaa\x02\n" +
 	"\x13ChatCompletionChunk\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06object\x18\x02 \x01(\tR\x06object\x12\x18\n" +
@@ -817,36 +921,38 @@ func file_cohort_v1_chat_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_chat_proto_rawDescData
 }
 
-var file_cohort_v1_chat_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_cohort_v1_chat_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cohort_v1_chat_proto_goTypes = []any{
 	(*StreamChatCompletionRequest)(nil),  // 0: cohort.v1.StreamChatCompletionRequest
 	(*ChatMessage)(nil),                  // 1: cohort.v1.ChatMessage
 	(*ToolCall)(nil),                     // 2: cohort.v1.ToolCall
 	(*FunctionCall)(nil),                 // 3: cohort.v1.FunctionCall
 	(*StreamChatCompletionResponse)(nil), // 4: cohort.v1.StreamChatCompletionResponse
-	(*ChatCompletionChunk)(nil),          // 5: cohort.v1.ChatCompletionChunk
-	(*ChatChoice)(nil),                   // 6: cohort.v1.ChatChoice
-	(*ChatDelta)(nil),                    // 7: cohort.v1.ChatDelta
-	(*ChunkError)(nil),                   // 8: cohort.v1.ChunkError
-	(*ChatUsage)(nil),                    // 9: cohort.v1.ChatUsage
+	(*BackgroundRun)(nil),                // 5: cohort.v1.BackgroundRun
+	(*ChatCompletionChunk)(nil),          // 6: cohort.v1.ChatCompletionChunk
+	(*ChatChoice)(nil),                   // 7: cohort.v1.ChatChoice
+	(*ChatDelta)(nil),                    // 8: cohort.v1.ChatDelta
+	(*ChunkError)(nil),                   // 9: cohort.v1.ChunkError
+	(*ChatUsage)(nil),                    // 10: cohort.v1.ChatUsage
 }
 var file_cohort_v1_chat_proto_depIdxs = []int32{
 	1,  // 0: cohort.v1.StreamChatCompletionRequest.messages:type_name -> cohort.v1.ChatMessage
 	2,  // 1: cohort.v1.ChatMessage.tool_calls:type_name -> cohort.v1.ToolCall
 	3,  // 2: cohort.v1.ToolCall.function:type_name -> cohort.v1.FunctionCall
-	5,  // 3: cohort.v1.StreamChatCompletionResponse.chunk:type_name -> cohort.v1.ChatCompletionChunk
-	6,  // 4: cohort.v1.ChatCompletionChunk.choices:type_name -> cohort.v1.ChatChoice
-	8,  // 5: cohort.v1.ChatCompletionChunk.error:type_name -> cohort.v1.ChunkError
-	9,  // 6: cohort.v1.ChatCompletionChunk.usage:type_name -> cohort.v1.ChatUsage
-	7,  // 7: cohort.v1.ChatChoice.delta:type_name -> cohort.v1.ChatDelta
-	2,  // 8: cohort.v1.ChatDelta.tool_calls:type_name -> cohort.v1.ToolCall
-	0,  // 9: cohort.v1.ChatService.StreamChatCompletion:input_type -> cohort.v1.StreamChatCompletionRequest
-	4,  // 10: cohort.v1.ChatService.StreamChatCompletion:output_type -> cohort.v1.StreamChatCompletionResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 3: cohort.v1.StreamChatCompletionResponse.chunk:type_name -> cohort.v1.ChatCompletionChunk
+	5,  // 4: cohort.v1.StreamChatCompletionResponse.run:type_name -> cohort.v1.BackgroundRun
+	7,  // 5: cohort.v1.ChatCompletionChunk.choices:type_name -> cohort.v1.ChatChoice
+	9,  // 6: cohort.v1.ChatCompletionChunk.error:type_name -> cohort.v1.ChunkError
+	10, // 7: cohort.v1.ChatCompletionChunk.usage:type_name -> cohort.v1.ChatUsage
+	8,  // 8: cohort.v1.ChatChoice.delta:type_name -> cohort.v1.ChatDelta
+	2,  // 9: cohort.v1.ChatDelta.tool_calls:type_name -> cohort.v1.ToolCall
+	0,  // 10: cohort.v1.ChatService.StreamChatCompletion:input_type -> cohort.v1.StreamChatCompletionRequest
+	4,  // 11: cohort.v1.ChatService.StreamChatCompletion:output_type -> cohort.v1.StreamChatCompletionResponse
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_cohort_v1_chat_proto_init() }
@@ -856,17 +962,17 @@ func file_cohort_v1_chat_proto_init() {
 	}
 	file_cohort_v1_chat_proto_msgTypes[0].OneofWrappers = []any{}
 	file_cohort_v1_chat_proto_msgTypes[1].OneofWrappers = []any{}
-	file_cohort_v1_chat_proto_msgTypes[5].OneofWrappers = []any{}
 	file_cohort_v1_chat_proto_msgTypes[6].OneofWrappers = []any{}
 	file_cohort_v1_chat_proto_msgTypes[7].OneofWrappers = []any{}
-	file_cohort_v1_chat_proto_msgTypes[9].OneofWrappers = []any{}
+	file_cohort_v1_chat_proto_msgTypes[8].OneofWrappers = []any{}
+	file_cohort_v1_chat_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_chat_proto_rawDesc), len(file_cohort_v1_chat_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

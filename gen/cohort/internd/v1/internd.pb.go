@@ -143,7 +143,11 @@ type StartTurnRequest struct {
 	// Who asks, as the gateway names them ("user:<id>" for a personal key,
 	// "key:<id>" otherwise), at most 128 characters; empty for callers the
 	// daemon cannot tell apart. The daemon bounds the paused runs of each.
-	Caller        string `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	Caller string `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	// A detached run is not cancelled when the caller's stream breaks: it
+	// goes on, its events retained, for a later Attach (background runs,
+	// which survive a gateway restart). Cancel still cancels it.
+	Detached      bool `protobuf:"varint,5,opt,name=detached,proto3" json:"detached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +210,13 @@ func (x *StartTurnRequest) GetCaller() string {
 	return ""
 }
 
+func (x *StartTurnRequest) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
+}
+
 type AnswerRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -214,7 +225,9 @@ type AnswerRequest struct {
 	// The tool message content: for a permission one of the offered option
 	// kinds or "cancel"; for a question a JSON object string
 	// {"action": "accept"|"decline"|"cancel", "content": {...}}.
-	Answer        string `protobuf:"bytes,3,opt,name=answer,proto3" json:"answer,omitempty"`
+	Answer string `protobuf:"bytes,3,opt,name=answer,proto3" json:"answer,omitempty"`
+	// Marks the run detached from here on (StartTurnRequest.detached).
+	Detached      bool `protobuf:"varint,4,opt,name=detached,proto3" json:"detached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +281,13 @@ func (x *AnswerRequest) GetAnswer() string {
 		return x.Answer
 	}
 	return ""
+}
+
+func (x *AnswerRequest) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
 }
 
 type AttachRequest struct {
@@ -1477,18 +1497,20 @@ var File_cohort_internd_v1_internd_proto protoreflect.FileDescriptor
 
 const file_cohort_internd_v1_internd_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcohort/internd/v1/internd.proto\x12\x11cohort.internd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x01\n" +
+	"\x1fcohort/internd/v1/internd.proto\x12\x11cohort.internd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n" +
 	"\x10StartTurnRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12D\n" +
 	"\rapproval_mode\x18\x03 \x01(\x0e2\x1f.cohort.internd.v1.ApprovalModeR\fapprovalMode\x12\x16\n" +
-	"\x06caller\x18\x04 \x01(\tR\x06caller\"m\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\x12\x1a\n" +
+	"\bdetached\x18\x05 \x01(\bR\bdetached\"\x89\x01\n" +
 	"\rAnswerRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12%\n" +
 	"\x0einteraction_id\x18\x02 \x01(\tR\rinteractionId\x12\x16\n" +
-	"\x06answer\x18\x03 \x01(\tR\x06answer\"`\n" +
+	"\x06answer\x18\x03 \x01(\tR\x06answer\x12\x1a\n" +
+	"\bdetached\x18\x04 \x01(\bR\bdetached\"`\n" +
 	"\rAttachRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x15\n" +

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cohort/v1/chat.proto.
  */
 export const file_cohort_v1_chat: GenFile = /*@__PURE__*/
-  fileDesc("ChRjb2hvcnQvdjEvY2hhdC5wcm90bxIJY29ob3J0LnYxIrcBChtTdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QSEQoJaW50ZXJuX2lkGAEgASgJEigKCG1lc3NhZ2VzGAIgAygLMhYuY29ob3J0LnYxLkNoYXRNZXNzYWdlEhUKDWFwcHJvdmFsX21vZGUYAyABKAkSEgoFbW9kZWwYBCABKAlIAIgBARIXCgpzZXNzaW9uX2lkGAUgASgJSAGIAQFCCAoGX21vZGVsQg0KC19zZXNzaW9uX2lkInwKC0NoYXRNZXNzYWdlEgwKBHJvbGUYASABKAkSFAoHY29udGVudBgCIAEoCUgAiAEBEicKCnRvb2xfY2FsbHMYAyADKAsyEy5jb2hvcnQudjEuVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAQgASgJQgoKCF9jb250ZW50Il4KCFRvb2xDYWxsEg0KBWluZGV4GAEgASgFEgoKAmlkGAIgASgJEgwKBHR5cGUYAyABKAkSKQoIZnVuY3Rpb24YBCABKAsyFy5jb2hvcnQudjEuRnVuY3Rpb25DYWxsIi8KDEZ1bmN0aW9uQ2FsbBIMCgRuYW1lGAEgASgJEhEKCWFyZ3VtZW50cxgCIAEoCSJNChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEi0KBWNodW5rGAEgASgLMh4uY29ob3J0LnYxLkNoYXRDb21wbGV0aW9uQ2h1bmsi7AEKE0NoYXRDb21wbGV0aW9uQ2h1bmsSCgoCaWQYASABKAkSDgoGb2JqZWN0GAIgASgJEg8KB2NyZWF0ZWQYAyABKAMSDQoFbW9kZWwYBCABKAkSJgoHY2hvaWNlcxgFIAMoCzIVLmNvaG9ydC52MS5DaGF0Q2hvaWNlEiQKBWVycm9yGAYgASgLMhUuY29ob3J0LnYxLkNodW5rRXJyb3ISFwoKc2Vzc2lvbl9pZBgHIAEoCUgAiAEBEiMKBXVzYWdlGAggASgLMhQuY29ob3J0LnYxLkNoYXRVc2FnZUINCgtfc2Vzc2lvbl9pZCJuCgpDaGF0Q2hvaWNlEg0KBWluZGV4GAEgASgFEhoKDWZpbmlzaF9yZWFzb24YAiABKAlIAIgBARIjCgVkZWx0YRgDIAEoCzIULmNvaG9ydC52MS5DaGF0RGVsdGFCEAoOX2ZpbmlzaF9yZWFzb24imAEKCUNoYXREZWx0YRIRCgRyb2xlGAEgASgJSACIAQESFAoHY29udGVudBgCIAEoCUgBiAEBEhYKCXJlYXNvbmluZxgDIAEoCUgCiAEBEicKCnRvb2xfY2FsbHMYBCADKAsyEy5jb2hvcnQudjEuVG9vbENhbGxCBwoFX3JvbGVCCgoIX2NvbnRlbnRCDAoKX3JlYXNvbmluZyI7CgpDaHVua0Vycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZyZWFzb24YAyABKAkinQEKCUNoYXRVc2FnZRIVCg1wcm9tcHRfdG9rZW5zGAEgASgDEhkKEWNvbXBsZXRpb25fdG9rZW5zGAIgASgDEhQKDHRvdGFsX3Rva2VucxgDIAEoAxIRCgRjb3N0GAQgASgBSACIAQESGgoNY2FjaGVkX3Rva2VucxgFIAEoA0gBiAEBQgcKBV9jb3N0QhAKDl9jYWNoZWRfdG9rZW5zMngKC0NoYXRTZXJ2aWNlEmkKFFN0cmVhbUNoYXRDb21wbGV0aW9uEiYuY29ob3J0LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVxdWVzdBonLmNvaG9ydC52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlMAFCNVozZ2l0aHViLmNvbS9jb2hvcnQtZGV2L2NvaG9ydC9nZW4vY29ob3J0L3YxO2NvaG9ydHYxYgZwcm90bzM");
+  fileDesc("ChRjb2hvcnQvdjEvY2hhdC5wcm90bxIJY29ob3J0LnYxIssBChtTdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QSEQoJaW50ZXJuX2lkGAEgASgJEigKCG1lc3NhZ2VzGAIgAygLMhYuY29ob3J0LnYxLkNoYXRNZXNzYWdlEhUKDWFwcHJvdmFsX21vZGUYAyABKAkSEgoFbW9kZWwYBCABKAlIAIgBARIXCgpzZXNzaW9uX2lkGAUgASgJSAGIAQESEgoKYmFja2dyb3VuZBgGIAEoCEIICgZfbW9kZWxCDQoLX3Nlc3Npb25faWQifAoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIUCgdjb250ZW50GAIgASgJSACIAQESJwoKdG9vbF9jYWxscxgDIAMoCzITLmNvaG9ydC52MS5Ub29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYBCABKAlCCgoIX2NvbnRlbnQiXgoIVG9vbENhbGwSDQoFaW5kZXgYASABKAUSCgoCaWQYAiABKAkSDAoEdHlwZRgDIAEoCRIpCghmdW5jdGlvbhgEIAEoCzIXLmNvaG9ydC52MS5GdW5jdGlvbkNhbGwiLwoMRnVuY3Rpb25DYWxsEgwKBG5hbWUYASABKAkSEQoJYXJndW1lbnRzGAIgASgJInQKHFN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2USLQoFY2h1bmsYASABKAsyHi5jb2hvcnQudjEuQ2hhdENvbXBsZXRpb25DaHVuaxIlCgNydW4YAiABKAsyGC5jb2hvcnQudjEuQmFja2dyb3VuZFJ1biJSCg1CYWNrZ3JvdW5kUnVuEgoKAmlkGAEgASgJEhEKCWludGVybl9pZBgCIAEoCRISCgpzZXNzaW9uX2lkGAMgASgJEg4KBnN0YXR1cxgEIAEoCSLsAQoTQ2hhdENvbXBsZXRpb25DaHVuaxIKCgJpZBgBIAEoCRIOCgZvYmplY3QYAiABKAkSDwoHY3JlYXRlZBgDIAEoAxINCgVtb2RlbBgEIAEoCRImCgdjaG9pY2VzGAUgAygLMhUuY29ob3J0LnYxLkNoYXRDaG9pY2USJAoFZXJyb3IYBiABKAsyFS5jb2hvcnQudjEuQ2h1bmtFcnJvchIXCgpzZXNzaW9uX2lkGAcgASgJSACIAQESIwoFdXNhZ2UYCCABKAsyFC5jb2hvcnQudjEuQ2hhdFVzYWdlQg0KC19zZXNzaW9uX2lkIm4KCkNoYXRDaG9pY2USDQoFaW5kZXgYASABKAUSGgoNZmluaXNoX3JlYXNvbhgCIAEoCUgAiAEBEiMKBWRlbHRhGAMgASgLMhQuY29ob3J0LnYxLkNoYXREZWx0YUIQCg5fZmluaXNoX3JlYXNvbiKYAQoJQ2hhdERlbHRhEhEKBHJvbGUYASABKAlIAIgBARIUCgdjb250ZW50GAIgASgJSAGIAQESFgoJcmVhc29uaW5nGAMgASgJSAKIAQESJwoKdG9vbF9jYWxscxgEIAMoCzITLmNvaG9ydC52MS5Ub29sQ2FsbEIHCgVfcm9sZUIKCghfY29udGVudEIMCgpfcmVhc29uaW5nIjsKCkNodW5rRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEg4KBnJlYXNvbhgDIAEoCSKdAQoJQ2hhdFVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKAMSGQoRY29tcGxldGlvbl90b2tlbnMYAiABKAMSFAoMdG90YWxfdG9rZW5zGAMgASgDEhEKBGNvc3QYBCABKAFIAIgBARIaCg1jYWNoZWRfdG9rZW5zGAUgASgDSAGIAQFCBwoFX2Nvc3RCEAoOX2NhY2hlZF90b2tlbnMyeAoLQ2hhdFNlcnZpY2USaQoUU3RyZWFtQ2hhdENvbXBsZXRpb24SJi5jb2hvcnQudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0GicuY29ob3J0LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2UwAUI1WjNnaXRodWIuY29tL2NvaG9ydC1kZXYvY29ob3J0L2dlbi9jb2hvcnQvdjE7Y29ob3J0djFiBnByb3RvMw");
 
 /**
  * @generated from message cohort.v1.StreamChatCompletionRequest
@@ -50,6 +50,15 @@ export type StreamChatCompletionRequest = Message<"cohort.v1.StreamChatCompletio
    * @generated from field: optional string session_id = 5;
    */
   sessionId?: string | undefined;
+
+  /**
+   * Run the turn in the background (docs/background.md): the stream sends
+   * one message carrying `run` and ends, and the run goes on without the
+   * connection. Its chunks are read back from the run's event stream.
+   *
+   * @generated from field: bool background = 6;
+   */
+  background: boolean;
 };
 
 /**
@@ -175,6 +184,14 @@ export type StreamChatCompletionResponse = Message<"cohort.v1.StreamChatCompleti
    * @generated from field: cohort.v1.ChatCompletionChunk chunk = 1;
    */
   chunk?: ChatCompletionChunk | undefined;
+
+  /**
+   * Only for a background request: the run it started (or continued), the
+   * stream's one message.
+   *
+   * @generated from field: cohort.v1.BackgroundRun run = 2;
+   */
+  run?: BackgroundRun | undefined;
 };
 
 /**
@@ -183,6 +200,46 @@ export type StreamChatCompletionResponse = Message<"cohort.v1.StreamChatCompleti
  */
 export const StreamChatCompletionResponseSchema: GenMessage<StreamChatCompletionResponse> = /*@__PURE__*/
   messageDesc(file_cohort_v1_chat, 4);
+
+/**
+ * BackgroundRun is what a background request answers: the run to poll
+ * (GET /api/v1/interns/{internId}/runs/{runId}) and stream
+ * (…/runs/{runId}/events).
+ *
+ * @generated from message cohort.v1.BackgroundRun
+ */
+export type BackgroundRun = Message<"cohort.v1.BackgroundRun"> & {
+  /**
+   * "run_…".
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string intern_id = 2;
+   */
+  internId: string;
+
+  /**
+   * @generated from field: string session_id = 3;
+   */
+  sessionId: string;
+
+  /**
+   * "running", "paused", "completed", "failed" or "cancelled".
+   *
+   * @generated from field: string status = 4;
+   */
+  status: string;
+};
+
+/**
+ * Describes the message cohort.v1.BackgroundRun.
+ * Use `create(BackgroundRunSchema)` to create a new message.
+ */
+export const BackgroundRunSchema: GenMessage<BackgroundRun> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_chat, 5);
 
 /**
  * ChatCompletionChunk mirrors one `data:` line of the spec's stream.
@@ -254,7 +311,7 @@ export type ChatCompletionChunk = Message<"cohort.v1.ChatCompletionChunk"> & {
  * Use `create(ChatCompletionChunkSchema)` to create a new message.
  */
 export const ChatCompletionChunkSchema: GenMessage<ChatCompletionChunk> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_chat, 5);
+  messageDesc(file_cohort_v1_chat, 6);
 
 /**
  * @generated from message cohort.v1.ChatChoice
@@ -283,7 +340,7 @@ export type ChatChoice = Message<"cohort.v1.ChatChoice"> & {
  * Use `create(ChatChoiceSchema)` to create a new message.
  */
 export const ChatChoiceSchema: GenMessage<ChatChoice> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_chat, 6);
+  messageDesc(file_cohort_v1_chat, 7);
 
 /**
  * @generated from message cohort.v1.ChatDelta
@@ -317,7 +374,7 @@ export type ChatDelta = Message<"cohort.v1.ChatDelta"> & {
  * Use `create(ChatDeltaSchema)` to create a new message.
  */
 export const ChatDeltaSchema: GenMessage<ChatDelta> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_chat, 7);
+  messageDesc(file_cohort_v1_chat, 8);
 
 /**
  * ChunkError is the error object of a terminal error chunk.
@@ -350,7 +407,7 @@ export type ChunkError = Message<"cohort.v1.ChunkError"> & {
  * Use `create(ChunkErrorSchema)` to create a new message.
  */
 export const ChunkErrorSchema: GenMessage<ChunkError> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_chat, 8);
+  messageDesc(file_cohort_v1_chat, 9);
 
 /**
  * @generated from message cohort.v1.ChatUsage
@@ -391,7 +448,7 @@ export type ChatUsage = Message<"cohort.v1.ChatUsage"> & {
  * Use `create(ChatUsageSchema)` to create a new message.
  */
 export const ChatUsageSchema: GenMessage<ChatUsage> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_chat, 9);
+  messageDesc(file_cohort_v1_chat, 10);
 
 /**
  * ChatService streams a chat completion with an intern: the typed twin of
