@@ -45,6 +45,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	federationFlags(fs, &cfg)
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
 	chat := chatFlags(fs, &cfg)
+	background := backgroundFlags(fs, &cfg)
 	fleet := fleetFlags(fs, &cfg)
 	limits := limitFlags(fs, &cfg.InternLimits, "with local")
 	agentFlags(fs, &cfg)
@@ -53,6 +54,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := chat(); err != nil {
+		return err
+	}
+	if err := background(); err != nil {
 		return err
 	}
 	if err := fleet(); err != nil {

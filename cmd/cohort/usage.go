@@ -22,6 +22,7 @@ var serveGroups = []flagGroup{
 	{"Kubernetes (--provisioner kubernetes; docs/kubernetes.md)", []string{"kube-config", "kube-namespace", "kube-image", "kube-gateway-url", "kube-cpu-request", "kube-memory-request", "kube-cpu-limit", "kube-memory-limit", "kube-storage-size", "kube-tmp-size", "kube-storage-class", "kube-wake-timeout", "kube-agent-modules"}},
 	{"Agents", []string{"agent", "agent-auth-method", "agent-command", "agent-endpoint", "agent-modules"}},
 	{"Chat", []string{"chat-keepalive", "first-event-timeout", "event-timeout", "turn-timeout", "turn-rate"}},
+	{"Background runs (docs/background.md)", []string{"background-max-running", "background-event-bytes", "background-retention", "background-lease"}},
 	{"Federation", []string{"token-issuer", "exchange-rate", "extra-ca-file", "federation-allow-hosts"}},
 }
 

@@ -102,6 +102,9 @@ type Service struct {
 	FirstEventTimeout time.Duration
 	EventTimeout      time.Duration
 	TurnTimeout       time.Duration
+	// Background runs background turns (internal/runs); nil refuses a
+	// request with "background": true.
+	Background Background
 	// Now and NewID make streams reproducible in tests; nil uses the clock
 	// and random "chatcmpl-" ids.
 	Now   func() time.Time
@@ -231,6 +234,10 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	}
 	if t.start != nil {
 		t.start.Caller = Caller(p)
+		t.start.Detached = isBackground(ctx)
+	}
+	if t.answer != nil {
+		t.answer.Detached = isBackground(ctx)
 	}
 	in, err := load()
 	if err != nil {
@@ -339,7 +346,8 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	// does anything: the request budget runs on until the agent's first
 	// event, so a stalled agent gets the caller a 504 rather than an open
 	// stream that stays silent for the event timeout.
-	for ev.GetStarted() != nil {
+	// A background turn is under way once the daemon started it.
+	for ev.GetStarted() != nil && !isBackground(ctx) {
 		if ev, err = st.recv(); err != nil {
 			return nil, st.refusal(err)
 		}

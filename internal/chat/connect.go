@@ -19,6 +19,9 @@ var _ cohortv1connect.ChatServiceHandler = Handler{}
 
 // StreamChatCompletion opens the stream and relays every chunk.
 func (h Handler) StreamChatCompletion(ctx context.Context, req *connect.Request[cohortv1.StreamChatCompletionRequest], out *connect.ServerStream[cohortv1.StreamChatCompletionResponse]) error {
+	if req.Msg.GetBackground() {
+		return h.S.startBackground(ctx, auth.From(ctx), req.Msg, out)
+	}
 	st, err := h.S.Open(ctx, auth.From(ctx), req.Msg)
 	if err != nil {
 		return err

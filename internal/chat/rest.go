@@ -59,6 +59,10 @@ func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.InternId = r.PathValue("internId")
+	if req.Background {
+		h.background(w, r, p, req)
+		return
+	}
 	var st *Stream
 	if pl, ok := ctx.Value(preloadedKey{}).(interns.Preloaded); ok {
 		st, err = h.S.OpenPreloaded(ctx, p, req, pl)
@@ -121,6 +125,11 @@ func DecodeRequest(body []byte) (*cohortv1.StreamChatCompletionRequest, error) {
 		}
 		req.ApprovalMode = *mode
 	}
+	var background *bool
+	if err := field(top, "background", "a boolean", &background); err != nil {
+		return nil, err
+	}
+	req.Background = background != nil && *background
 	if err := field(top, "model", "a string", &req.Model); err != nil {
 		return nil, err
 	}

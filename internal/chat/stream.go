@@ -53,6 +53,7 @@ type Stream struct {
 
 	session  *string
 	usage    *cohortv1.ChatUsage
+	lastEv   *interndv1.RunEvent // the event translate saw last (NextEvent)
 	roleSent bool
 	queue    []*cohortv1.ChatCompletionChunk
 	done     bool
@@ -295,6 +296,7 @@ func (s *Stream) fail(e *apierr.Error, model string) {
 
 // translate turns one daemon event into zero or more chunks.
 func (s *Stream) translate(ev *interndv1.RunEvent) {
+	s.lastEv = ev
 	model := modelOf(ev)
 	switch x := ev.GetEvent().(type) {
 	case *interndv1.RunEvent_Started:

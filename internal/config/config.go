@@ -121,6 +121,13 @@ type Config struct {
 	// InteractionDeadline is how long a question waits, passed to every
 	// local intern's daemon.
 	InteractionDeadline time.Duration
+	// Background runs (internal/runs, docs/background.md): the running
+	// ones a workspace may have, the bytes of chunks kept per run, how
+	// long ended runs are kept, and a recording gateway's lease.
+	BackgroundMaxRunning int
+	BackgroundEventBytes int64
+	BackgroundRetention  time.Duration
+	BackgroundLease      time.Duration
 	// FederationAllowHosts are the non-public identity provider hosts and
 	// ranges discovery and JWKS fetches may reach.
 	FederationAllowHosts []string
@@ -148,6 +155,11 @@ func Default() Config {
 		EventTimeout:        10 * time.Minute,
 		TurnTimeout:         30 * time.Minute,
 		InteractionDeadline: 5 * time.Minute,
+
+		BackgroundMaxRunning: 16,
+		BackgroundEventBytes: 8 << 20,
+		BackgroundRetention:  7 * 24 * time.Hour,
+		BackgroundLease:      30 * time.Second,
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
+	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -58,7 +59,10 @@ type Server struct {
 	// Chat is the chat orchestration.
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.
-	ChatSSE    sse.Options
+	ChatSSE sse.Options
+	// Runs runs background turns (Chat.Background); set its Notifier
+	// before Start to hear of their status changes.
+	Runs       *runs.Manager
 	Federation *federation.Service
 	// Warning, when set, is reported by /readyz (interns run unjailed).
 	Warning string
@@ -168,6 +172,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		Federation: fed,
 		origins:    origins,
 	}
+	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.BackgroundMaxRunning, MaxEventBytes: cfg.BackgroundEventBytes,
+		Retention: cfg.BackgroundRetention, Lease: cfg.BackgroundLease})
+	s.Chat.Background = s.Runs
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -278,6 +285,8 @@ func (s *Server) Start(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	s.stopRun = cancel
 	go s.Federation.Run(rctx)
+	// After the provisioner: runs taken over attach to daemons it adopted.
+	go s.Runs.Run(rctx)
 	return nil
 }
 
@@ -287,6 +296,10 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() {
 	if s.stopRun != nil {
 		s.stopRun()
+	}
+	if s.Runs != nil {
+		// Before the provisioner: the recorders read its daemons.
+		s.Runs.Close()
 	}
 	s.Federation.Close()
 	for _, c := range slices.Backward(s.closers) {

@@ -1,0 +1,273 @@
+package runs
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/rest"
+	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// object is a run as the API shows it (docs/background.md).
+type object struct {
+	ID        string  `json:"id"`
+	Object    string  `json:"object"`
+	InternID  string  `json:"intern_id"`
+	SessionID *string `json:"session_id"`
+	Status    string  `json:"status"`
+	// PendingInteraction is the tool call a paused run waits on, as the
+	// stream showed it: answer it with a tool message whose tool_call_id
+	// is its id.
+	PendingInteraction json.RawMessage `json:"pending_interaction"`
+	PauseDeadline      *string         `json:"pause_deadline"`
+	Error              json.RawMessage `json:"error"`
+	Usage              json.RawMessage `json:"usage"`
+	CancelRequested    bool            `json:"cancel_requested"`
+	// LastEventID is the sequence number of the last stored chunk.
+	LastEventID     int64   `json:"last_event_id"`
+	EventsTruncated bool    `json:"events_truncated"`
+	CreatedAt       string  `json:"created_at"`
+	UpdatedAt       string  `json:"updated_at"`
+	EndedAt         *string `json:"ended_at"`
+}
+
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+func stamp(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := t.UTC().Format(timeFormat)
+	return &s
+}
+
+func raw(s string) json.RawMessage {
+	if s == "" {
+		return json.RawMessage("null")
+	}
+	return json.RawMessage(s)
+}
+
+func toObject(r *store.Run) object {
+	o := object{ID: r.ID, Object: "intern.run", InternID: r.InternID, Status: r.Status,
+		PendingInteraction: raw(r.Pending), PauseDeadline: stamp(r.PauseDeadline), Error: raw(r.Error), Usage: raw(r.Usage),
+		CancelRequested: r.CancelRequested, LastEventID: r.LastSeq, EventsTruncated: r.EventsTruncated,
+		CreatedAt: *stamp(&r.CreatedAt), UpdatedAt: *stamp(&r.UpdatedAt), EndedAt: stamp(r.EndedAt)}
+	if r.SessionID != "" {
+		o.SessionID = &r.SessionID
+	}
+	if r.Status != store.RunPaused {
+		o.PendingInteraction = json.RawMessage("null")
+	}
+	return o
+}
+
+// runJSON is the run object, as GET run returns it.
+func runJSON(r *store.Run) ([]byte, error) { return json.Marshal(toObject(r)) }
+
+// load reads a run of an intern the caller may use (the chat's rule: the
+// same 404 for an intern of another workspace as for none).
+func (m *Manager) load(ctx context.Context, p *auth.Principal, internID, runID string) (*store.Intern, *store.Run, error) {
+	in, err := m.Interns.Load(ctx, p, internID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var r store.Run
+	err = m.DB.NewSelect().Model(&r).Where("id = ?", runID).Where("intern_id = ?", in.ID).Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, apierr.NotFound("run %q not found", runID)
+	}
+	if err != nil {
+		return nil, nil, apierr.Internal(err)
+	}
+	return in, &r, nil
+}
+
+// Get is GET /api/v1/interns/{internId}/runs/{runId}.
+func (m *Manager) Get(w http.ResponseWriter, r *http.Request) {
+	_, run, err := m.load(r.Context(), auth.From(r.Context()), r.PathValue("internId"), r.PathValue("runId"))
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	rest.WriteJSON(w, http.StatusOK, toObject(run))
+}
+
+// List is GET /api/v1/interns/{internId}/sessions/{sessionId}/runs: the
+// session's background runs, oldest first.
+func (m *Manager) List(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	in, err := m.Interns.Load(ctx, auth.From(ctx), r.PathValue("internId"))
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	var runs []store.Run
+	if err := m.DB.NewSelect().Model(&runs).Where("intern_id = ?", in.ID).Where("session_id = ?", r.PathValue("sessionId")).
+		OrderExpr("created_at, id").Limit(1000).Scan(ctx); err != nil {
+		rest.WriteError(w, r, apierr.Internal(err), true)
+		return
+	}
+	out := struct {
+		Object string   `json:"object"`
+		Data   []object `json:"data"`
+	}{Object: "list", Data: []object{}}
+	for i := range runs {
+		out.Data = append(out.Data, toObject(&runs[i]))
+	}
+	rest.WriteJSON(w, http.StatusOK, out)
+}
+
+// Cancel is POST /api/v1/interns/{internId}/runs/{runId}/cancel. A paused
+// run is cancelled at once; a running one is asked to stop (its
+// cancel_requested is true) and becomes cancelled when the daemon has
+// stopped it. A run that has ended is 409 run_ended.
+func (m *Manager) Cancel(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	in, run, err := m.load(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	switch run.Status {
+	case store.RunPaused:
+		ok, err := m.end(ctx, run.ID, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the caller cancelled the run"))
+		if err != nil {
+			rest.WriteError(w, r, apierr.Internal(err), true)
+			return
+		}
+		if ok {
+			// The daemon holds the run open across its question: end it.
+			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+				m.Log.Warn("cancel a paused background run on its daemon", "run", run.ID, "err", err)
+			}
+		}
+	case store.RunRunning:
+		if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("cancel_requested = ?", true).Set("updated_at = ?", m.now()).
+			Where("id = ?", run.ID).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
+			rest.WriteError(w, r, apierr.Internal(err), true)
+			return
+		}
+		if run.SessionID != "" {
+			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+				rest.WriteError(w, r, err, true)
+				return
+			}
+		}
+	default:
+		rest.WriteError(w, r, apierr.Conflict("run_ended", "the run has already ended: it is %s", run.Status), true)
+		return
+	}
+	_, run, err = m.load(ctx, auth.From(ctx), in.ID, run.ID)
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	rest.WriteJSON(w, http.StatusOK, toObject(run))
+}
+
+// eventsBatch bounds the chunks read per query.
+const eventsBatch = 256
+
+// Events is GET /api/v1/interns/{internId}/runs/{runId}/events: the run's
+// chunks as the chat stream's server-sent events, each with its sequence
+// number as `id:`, from after Last-Event-ID (or ?after=, else from the
+// start), live until the run has ended (then `data: [DONE]`); a paused
+// run's stream stays open (keepalives) until the run goes on or ends.
+// Reading changes nothing: a reader that leaves cancels nothing.
+func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	_, run, err := m.load(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	after := int64(0)
+	from := r.Header.Get("Last-Event-ID")
+	if from == "" {
+		from = r.URL.Query().Get("after")
+	}
+	if from != "" {
+		if after, err = strconv.ParseInt(from, 10, 64); err != nil || after < 0 {
+			rest.WriteError(w, r, apierr.BadRequest("Last-Event-ID or after must be a sequence number (0 or more), not %q", from), true)
+			return
+		}
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	write := func(b []byte) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(sse.DefaultWriteTimeout))
+		if _, err := w.Write(b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	poll := time.NewTicker(m.Config.Poll)
+	defer poll.Stop()
+	keep := time.NewTimer(sse.DefaultKeepalive)
+	defer keep.Stop()
+	var buf []byte
+	for {
+		// The status first: a run's last chunks commit with its ending,
+		// so after an ended status every chunk is there to read.
+		var status string
+		if err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("status").Where("id = ?", run.ID).Scan(ctx, &status); err != nil {
+			return // the run was deleted, or the caller left
+		}
+		var evs []store.RunEvent
+		if err := m.DB.NewSelect().Model(&evs).Where("run_id = ?", run.ID).Where("seq > ?", after).
+			OrderExpr("seq").Limit(eventsBatch).Scan(ctx); err != nil {
+			return
+		}
+		if len(evs) > 0 {
+			buf = buf[:0]
+			for _, ev := range evs {
+				buf = append(buf, "id: "...)
+				buf = strconv.AppendInt(buf, ev.Seq, 10)
+				buf = append(buf, "\ndata: "...)
+				buf = append(buf, ev.Data...)
+				buf = append(buf, '\n', '\n')
+				after = ev.Seq
+			}
+			if !write(buf) {
+				return
+			}
+			keep.Reset(sse.DefaultKeepalive)
+			if len(evs) == eventsBatch {
+				continue
+			}
+		}
+		if terminal(status) {
+			write([]byte("data: [DONE]\n\n"))
+			return
+		}
+		// A chunk recorded between the reads above and this is found by
+		// the poll on the next tick.
+		wake := m.waiter(run.ID)
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-poll.C:
+		case <-keep.C:
+			if !write([]byte(": keepalive\n\n")) {
+				return
+			}
+			keep.Reset(sse.DefaultKeepalive)
+		}
+	}
+}

@@ -1,0 +1,303 @@
+// Package runs is background turns (docs/background.md): a chat request
+// with "background": true starts its run detached on the intern's daemon
+// and returns at once; a gateway process records the run's chunks in the
+// database as the stream would have sent them, with a sequence number,
+// and its status (running, paused, completed, failed, cancelled). Readers
+// stream the chunks back from any sequence number on any replica. The
+// gateway that records a run holds a lease on it: when that gateway goes
+// away, another (or the same, restarted) takes the run over and attaches
+// to the daemon from the last recorded event.
+package runs
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// RunNotifier is told of a run's status changes (internal/webhooks). It is
+// called inside the database transaction that records the change, with
+// eventType "run.paused", "run.completed", "run.failed" or
+// "run.cancelled" and run the run object exactly as GET run returns it
+// (a paused run's pending_interaction included). An error rolls the
+// change back; the recorder retries it.
+type RunNotifier interface {
+	RunChanged(ctx context.Context, db bun.IDB, workspaceID, eventType string, run json.RawMessage) error
+}
+
+// Defaults of Config (docs/decisions.md, "Background runs").
+const (
+	DefaultMaxRunning    = 16
+	DefaultMaxEventBytes = 8 << 20
+	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultLease         = 30 * time.Second
+	DefaultPoll          = 250 * time.Millisecond
+)
+
+// Config are the settings of background runs; zero values take the
+// defaults.
+type Config struct {
+	// MaxRunning caps the running background runs of one workspace.
+	MaxRunning int
+	// MaxEventBytes caps the stored chunks of one run (their JSON):
+	// past it only the chunks that end a response are kept.
+	MaxEventBytes int64
+	// Retention is how long an ended run and its chunks are kept.
+	Retention time.Duration
+	// Lease is how long a gateway's claim to record a run lasts without
+	// being renewed: the longest a run goes unrecorded after its gateway
+	// was killed.
+	Lease time.Duration
+	// Poll is how often a reader on a replica that does not record the
+	// run looks for new chunks.
+	Poll time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.MaxRunning <= 0 {
+		c.MaxRunning = DefaultMaxRunning
+	}
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.Lease <= 0 {
+		c.Lease = DefaultLease
+	}
+	if c.Poll <= 0 {
+		c.Poll = DefaultPoll
+	}
+}
+
+// Manager runs background turns. Start it (Run) once per process.
+type Manager struct {
+	DB      *bun.DB
+	Chat    *chat.Service
+	Interns *interns.Service
+	Log     *slog.Logger
+	// Notifier, when set, is told of every status change.
+	Notifier RunNotifier
+	Config   Config
+
+	owner string // this process's lease name
+
+	ctx    context.Context // the recorders'; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	waiters map[string]chan struct{} // run id → closed when it has news
+	owned   map[string]bool          // runs this process records
+}
+
+// New returns a Manager; nothing runs until Run.
+func New(db *bun.DB, c *chat.Service, ins *interns.Service, log *slog.Logger, cfg Config) *Manager {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: "gw_" + randomID(9),
+		ctx: ctx, cancel: cancel, waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
+}
+
+func randomID(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func (m *Manager) now() time.Time { return time.Now().UTC() }
+
+// Close stops recording: the runs this process recorded are released (their
+// lease ends now), so another gateway takes them over at once; their daemon
+// runs go on.
+func (m *Manager) Close() {
+	m.cancel()
+	m.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)).
+		Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
+		m.Log.Warn("release background runs", "err", err)
+	}
+}
+
+// waiter is closed when run id has news (a chunk, a status).
+func (m *Manager) waiter(id string) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch := m.waiters[id]
+	if ch == nil {
+		ch = make(chan struct{})
+		m.waiters[id] = ch
+	}
+	return ch
+}
+
+func (m *Manager) bump(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch := m.waiters[id]; ch != nil {
+		close(ch)
+		delete(m.waiters, id)
+	}
+}
+
+var _ chat.Background = (*Manager)(nil)
+
+// errCap is the 429 of a workspace at its cap of running background runs.
+func errCap(n int) *apierr.Error {
+	return apierr.New(http.StatusTooManyRequests, "rate_limited",
+		"this workspace has %d background runs running, as many as it may; wait for one to end or cancel one", n).Retry(5)
+}
+
+// Start implements chat.Background.
+func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*chat.BackgroundStart, error) {
+	var in *store.Intern
+	var err error
+	if pl != nil {
+		in, err = pl.Get(p)
+	} else {
+		in, err = m.Interns.Load(ctx, p, req.GetInternId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	msgs := req.GetMessages()
+	var cont *store.Run
+	if n := len(msgs); n > 0 && msgs[n-1].GetRole() == "tool" && req.SessionId != nil {
+		// An answer to a background run's pause continues that run.
+		var r store.Run
+		err := m.DB.NewSelect().Model(&r).Where("intern_id = ?", in.ID).Where("session_id = ?", req.GetSessionId()).
+			Where("status = ?", store.RunPaused).OrderExpr("created_at DESC").Limit(1).Scan(ctx)
+		switch {
+		case err == nil:
+			cont = &r
+		case !errors.Is(err, sql.ErrNoRows):
+			return nil, apierr.Internal(err)
+		}
+	}
+	var run *store.Run
+	if cont != nil {
+		n, err := m.DB.NewSelect().Model((*store.Run)(nil)).Where("workspace_id = ?", in.WorkspaceID).Where("status = ?", store.RunRunning).Count(ctx)
+		if err != nil {
+			return nil, apierr.Internal(err)
+		}
+		if int(n) >= m.Config.MaxRunning {
+			return nil, errCap(m.Config.MaxRunning)
+		}
+		run = cont
+	} else {
+		if run, err = m.insert(ctx, in, chat.Caller(p)); err != nil {
+			return nil, err
+		}
+	}
+	rctx, cancel := context.WithCancel(m.ctx)
+	st, err := m.Chat.OpenBackground(rctx, p, req, in)
+	if err != nil {
+		cancel()
+		if cont == nil {
+			m.remove(run.ID)
+		}
+		return nil, err
+	}
+	// The first chunk (the role chunk of the daemon's Started) is recorded
+	// before the caller hears of the run: the run then has its session,
+	// and a gateway that takes it over knows where to attach.
+	ev, chunks, err := st.NextEvent()
+	if err == nil {
+		run, err = m.record(context.WithoutCancel(ctx), run.ID, ev, chunks, &segment{id: st.ID(), created: chunks[0].GetCreated(), resume: cont != nil})
+	}
+	if err != nil {
+		st.Close()
+		cancel()
+		if cont == nil {
+			m.remove(run.ID)
+		}
+		if errors.Is(err, errLost) {
+			// Cancelled (or expired) while the answer was on its way:
+			// the daemon's detached run must not go on unrecorded.
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer ccancel()
+			m.Chat.Cancel(cctx, in, run.SessionID) //nolint:errcheck
+			return nil, apierr.Conflict("run_ended", "the run was cancelled while the answer was on its way")
+		}
+		return nil, apierr.From(err)
+	}
+	m.follow(rctx, cancel, run.ID, in, st)
+	b, err := runJSON(run)
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	return &chat.BackgroundStart{JSON: b, Run: &cohortv1.BackgroundRun{Id: run.ID, InternId: run.InternID, SessionId: run.SessionID, Status: run.Status}}, nil
+}
+
+// insert records a new running run of in's workspace, refused past the
+// workspace's cap. The count and the insert are one transaction, under a
+// lock per workspace on PostgreSQL (SQLite has one writer), so replicas
+// starting runs at once never pass the cap together.
+func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (*store.Run, error) {
+	now := m.now()
+	lease := now.Add(m.Config.Lease)
+	r := &store.Run{ID: "run_" + randomID(18), OrganizationID: in.OrganizationID, WorkspaceID: in.WorkspaceID, InternID: in.ID,
+		Caller: caller, Status: store.RunRunning, LeaseOwner: m.owner, LeaseUntil: &lease, CreatedAt: now, UpdatedAt: now}
+	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if m.DB.Dialect().Name() == dialect.PG {
+			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext(?))", "cohort.runs:"+in.WorkspaceID); err != nil {
+				return err
+			}
+		}
+		n, err := tx.NewSelect().Model((*store.Run)(nil)).Where("workspace_id = ?", in.WorkspaceID).Where("status = ?", store.RunRunning).Count(ctx)
+		if err != nil {
+			return err
+		}
+		if int(n) >= m.Config.MaxRunning {
+			return errCap(m.Config.MaxRunning)
+		}
+		_, err = tx.NewInsert().Model(r).Exec(ctx)
+		return err
+	})
+	if err != nil {
+		var ae *apierr.Error
+		if errors.As(err, &ae) {
+			return nil, ae
+		}
+		return nil, apierr.Internal(err)
+	}
+	m.mu.Lock()
+	m.owned[r.ID] = true
+	m.mu.Unlock()
+	return r, nil
+}
+
+// remove deletes a run the daemon refused to start: it never existed.
+func (m *Manager) remove(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := m.DB.NewDelete().Model((*store.Run)(nil)).Where("id = ?", id).Exec(ctx); err != nil {
+		m.Log.Error("remove a refused background run", "run", id, "err", err)
+	}
+	m.mu.Lock()
+	delete(m.owned, id)
+	m.mu.Unlock()
+}
