@@ -26,6 +26,23 @@ type Background interface {
 	// one) with no caller attached and returns it once it is under way. A
 	// refusal is an *apierr.Error, as for a streamed request.
 	Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*BackgroundStart, error)
+	// Paused reports whether a background run of the intern's session is
+	// paused: a tool message to that session continues it in the
+	// background, whatever its background flag says.
+	Paused(ctx context.Context, internID, sessionID string) bool
+}
+
+// background reports whether req is to run in the background: it asks
+// to, or it answers a paused background run.
+func (s *Service) background(ctx context.Context, req *cohortv1.StreamChatCompletionRequest) bool {
+	if req.GetBackground() {
+		return true
+	}
+	msgs := req.GetMessages()
+	if s.Background == nil || req.SessionId == nil || len(msgs) == 0 || msgs[len(msgs)-1].GetRole() != "tool" {
+		return false
+	}
+	return s.Background.Paused(ctx, req.GetInternId(), req.GetSessionId())
 }
 
 // BackgroundStart is a started background run.

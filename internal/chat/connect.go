@@ -19,7 +19,7 @@ var _ cohortv1connect.ChatServiceHandler = Handler{}
 
 // StreamChatCompletion opens the stream and relays every chunk.
 func (h Handler) StreamChatCompletion(ctx context.Context, req *connect.Request[cohortv1.StreamChatCompletionRequest], out *connect.ServerStream[cohortv1.StreamChatCompletionResponse]) error {
-	if req.Msg.GetBackground() {
+	if h.S.background(ctx, req.Msg) {
 		return h.S.startBackground(ctx, auth.From(ctx), req.Msg, out)
 	}
 	st, err := h.S.Open(ctx, auth.From(ctx), req.Msg)

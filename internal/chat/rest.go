@@ -59,7 +59,7 @@ func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.InternId = r.PathValue("internId")
-	if req.Background {
+	if h.S.background(ctx, req) {
 		h.background(w, r, p, req)
 		return
 	}

@@ -171,6 +171,13 @@ func errCap(n int) *apierr.Error {
 		"this workspace has %d background runs running, as many as it may; wait for one to end or cancel one", n).Retry(5)
 }
 
+// Paused implements chat.Background.
+func (m *Manager) Paused(ctx context.Context, internID, sessionID string) bool {
+	n, err := m.DB.NewSelect().Model((*store.Run)(nil)).Where("intern_id = ?", internID).Where("session_id = ?", sessionID).
+		Where("status = ?", store.RunPaused).Count(ctx)
+	return err == nil && n > 0
+}
+
 // Start implements chat.Background.
 func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*chat.BackgroundStart, error) {
 	var in *store.Intern
