@@ -329,7 +329,7 @@ func (m *Manager) release(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)). //nolint:errcheck
-		Where("id = ?", id).Where("lease_owner = ?", m.owner).Exec(ctx)
+													Where("id = ?", id).Where("lease_owner = ?", m.owner).Exec(ctx)
 }
 
 // end moves a run from status from to a terminal status with an error,
