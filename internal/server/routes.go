@@ -74,6 +74,9 @@ func (s *Server) routes() []route {
 		}}
 	}
 	vaultRead, vaultWrite := vaultAccess(false), vaultAccess(true)
+	runsAccess := auth.Access{Scope: auth.API, Admit: func(_ context.Context, p *auth.Principal) error {
+		return s.Chat.Admit(p)
+	}}
 
 	ws := workspaces.REST{S: s.Workspaces}
 	vr := vault.REST{S: s.Vault}
@@ -125,12 +128,13 @@ func (s *Server) routes() []route {
 			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, o...)
 		}},
 		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: chat.MaxBody, handler: chatREST.Completions},
-		// Background runs (docs/background.md): the chat's callers, the
-		// chat's gates.
-		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}", access: inference, reasons: true, handler: s.Runs.Get},
-		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}/events", access: inference, reasons: true, handler: s.Runs.Events},
-		{pattern: "POST " + Prefix + "/interns/{internId}/runs/{runId}/cancel", access: inference, reasons: true, handler: s.Runs.Cancel},
-		{pattern: "GET " + Prefix + "/interns/{internId}/sessions/{sessionId}/runs", access: inference, reasons: true, handler: s.Runs.List},
+		// Background runs (docs/background.md): the chat's gates, for API
+		// keys only (the chat stays the one route of access tokens, which
+		// cannot start background runs either).
+		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}", access: runsAccess, reasons: true, handler: s.Runs.Get},
+		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}/events", access: runsAccess, reasons: true, handler: s.Runs.Events},
+		{pattern: "POST " + Prefix + "/interns/{internId}/runs/{runId}/cancel", access: runsAccess, reasons: true, handler: s.Runs.Cancel},
+		{pattern: "GET " + Prefix + "/interns/{internId}/sessions/{sessionId}/runs", access: runsAccess, reasons: true, handler: s.Runs.List},
 
 		{service: cohortv1connect.FederationServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewFederationServiceHandler(federation.Handler{S: s.Federation}, o...)
