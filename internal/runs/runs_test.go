@@ -12,13 +12,16 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/uptrace/bun"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/agent"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/internd"
@@ -499,6 +502,78 @@ func TestBackgroundLimits(t *testing.T) {
 		st, out, h = f.do(t, "POST", "/interns/"+e.InternID+"/chat/completions", e.WorkspaceKey, bg("past the rate"))
 		if st != 429 || !strings.Contains(out, "rate_limited") || h.Get("Retry-After") == "" {
 			t.Fatalf("past the rate: %d %s", st, out)
+		}
+	})
+}
+
+// notes is a RunNotifier that records what it is told, reading the run's
+// row through the transaction it is given: the change is visible there.
+type notes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (n *notes) RunChanged(ctx context.Context, db bun.IDB, workspaceID, eventType string, run json.RawMessage) error {
+	var o map[string]any
+	if err := json.Unmarshal(run, &o); err != nil {
+		return err
+	}
+	var status string
+	if err := db.NewSelect().Model((*store.Run)(nil)).Column("status").Where("id = ?", o["id"]).Scan(ctx, &status); err != nil {
+		return err
+	}
+	if "run."+status != eventType || o["status"] != status {
+		return fmt.Errorf("told %s of run %v with row status %s", eventType, o, status)
+	}
+	ia, _ := o["pending_interaction"].(map[string]any)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.got = append(n.got, fmt.Sprintf("%s %s pending=%v", workspaceID, eventType, ia["id"] != nil))
+	return nil
+}
+
+func (n *notes) list() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.got...)
+}
+
+// The Connect door starts a background run with one message carrying the
+// run; the RunNotifier hears of each status change inside its transaction
+// (a pause with the interaction to answer).
+func TestBackgroundConnectAndNotifier(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		n := &notes{}
+		f := newFixture(t, db, nil)
+		e := f.e
+		e.Server.Runs.Notifier = n
+		client := cohortv1connect.NewChatServiceClient(e.HTTPClient(), e.URL)
+		req := connect.NewRequest(&cohortv1.StreamChatCompletionRequest{InternId: e.InternID, Background: true,
+			Messages: []*cohortv1.ChatMessage{{Role: "user", Content: ptr("ready?")}}})
+		req.Header().Set("Authorization", "Bearer "+e.WorkspaceKey)
+		s, err := client.StreamChatCompletion(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []*cohortv1.StreamChatCompletionResponse
+		for s.Receive() {
+			msgs = append(msgs, s.Msg())
+		}
+		if s.Err() != nil || len(msgs) != 1 || msgs[0].GetRun().GetStatus() != "running" || msgs[0].GetChunk() != nil {
+			t.Fatalf("connect background: %v %v", msgs, s.Err())
+		}
+		run := msgs[0].GetRun()
+		p := f.waitStatus(t, run.GetId(), "paused")
+		ia := p["pending_interaction"].(map[string]any)
+		st, out, _ := f.do(t, "POST", "/interns/"+e.InternID+"/chat/completions", e.WorkspaceKey,
+			answer(run.GetSessionId(), ia["id"].(string), `{"action":"decline"}`))
+		if st != http.StatusAccepted {
+			t.Fatalf("answer: %d %s", st, out)
+		}
+		f.waitStatus(t, run.GetId(), "completed")
+		want := []string{e.WorkspaceID + " run.paused pending=true", e.WorkspaceID + " run.completed pending=false"}
+		if got := n.list(); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("notifications %v, want %v", got, want)
 		}
 	})
 }
