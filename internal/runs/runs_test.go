@@ -62,7 +62,7 @@ type fixture struct {
 	prov    *provision.Provisioner
 }
 
-func newFixture(t *testing.T, db *bun.DB, cfg func(*runs.Config)) *fixture {
+func newFixture(t testing.TB, db *bun.DB, cfg func(*runs.Config)) *fixture {
 	t.Helper()
 	e := testenv.New(t, db, func(s *server.Server) {
 		if cfg != nil {
@@ -94,12 +94,12 @@ func newFixture(t *testing.T, db *bun.DB, cfg func(*runs.Config)) *fixture {
 	return f
 }
 
-func (f *fixture) do(t *testing.T, method, path, key, body string) (int, string, http.Header) {
+func (f *fixture) do(t testing.TB, method, path, key, body string) (int, string, http.Header) {
 	t.Helper()
 	return f.e.Do(t, method, path, key, "application/json", body)
 }
 
-func (f *fixture) start(t *testing.T, body string) map[string]any {
+func (f *fixture) start(t testing.TB, body string) map[string]any {
 	t.Helper()
 	st, out, _ := f.do(t, "POST", "/interns/"+f.e.InternID+"/chat/completions", f.e.WorkspaceKey, body)
 	if st != http.StatusAccepted {
@@ -108,7 +108,7 @@ func (f *fixture) start(t *testing.T, body string) map[string]any {
 	return object(t, out)
 }
 
-func object(t *testing.T, s string) map[string]any {
+func object(t testing.TB, s string) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(s), &m); err != nil {
@@ -143,7 +143,7 @@ type event struct {
 
 // events reads a run's event stream from base (a gateway's URL) to its
 // end, sending Last-Event-ID when lastID is not "".
-func events(t *testing.T, base, key, intern, id, query, lastID string) []event {
+func events(t testing.TB, base, key, intern, id, query, lastID string) []event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
