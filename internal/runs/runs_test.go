@@ -577,3 +577,41 @@ func TestBackgroundConnectAndNotifier(t *testing.T) {
 		}
 	})
 }
+
+// The bounds of stored chunks: past a run's cap its deltas are dropped but
+// the chunks that end it are kept (and the run says so); an ended run
+// past the retention is deleted with its chunks.
+func TestBackgroundEventBounds(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		f := newFixture(t, db, func(c *runs.Config) { c.MaxEventBytes = 600; c.Retention = time.Millisecond })
+		e := f.e
+		id := f.start(t, bg("a prompt long enough to make a reply of several chunks"))["id"].(string)
+		r := f.waitStatus(t, id, "completed")
+		evs := events(t, e.HTTP.URL, e.WorkspaceKey, e.InternID, id, "", "")
+		contiguous(t, evs, 1)
+		if r["events_truncated"] != true || int64(r["last_event_id"].(float64)) != int64(len(evs)) {
+			t.Fatalf("truncated run: %v", r)
+		}
+		if fin := evs[len(evs)-2].data; !strings.Contains(fin, `"finish_reason":"stop"`) || !strings.Contains(evs[len(evs)-1].data, `"choices":[]`) {
+			t.Fatalf("the ending chunks are kept: %s", joinData(evs))
+		}
+		var size int
+		for _, ev := range evs[:len(evs)-2] {
+			size += len(ev.data)
+		}
+		if size > 600 {
+			t.Fatalf("%d bytes of deltas kept past a cap of 600", size)
+		}
+		// Retention: the sweep deletes the ended run and its chunks.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go e.Server.Runs.Run(ctx)
+		testutil.Eventually(t, wait, "the ended run is deleted", func() bool {
+			st, _, _ := f.do(t, "GET", "/interns/"+e.InternID+"/runs/"+id, e.WorkspaceKey, "")
+			return st == 404
+		})
+		if n, err := db.NewSelect().Model((*store.RunEvent)(nil)).Where("run_id = ?", id).Count(ctx); err != nil || n != 0 {
+			t.Fatalf("%d chunks left (%v)", n, err)
+		}
+	})
+}
