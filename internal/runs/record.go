@@ -459,14 +459,10 @@ func (m *Manager) resume(ctx context.Context, id string) {
 	m.follow(rctx, cancel, id, &in, st)
 }
 
-// pauseGrace is how long after its question's deadline a paused run is
-// ended here: the daemon has cancelled it by then.
-const pauseGrace = 30 * time.Second
-
 func (m *Manager) expirePaused(ctx context.Context) {
 	var ids []string
 	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id").Where("status = ?", store.RunPaused).
-		Where("pause_deadline < ?", m.now().Add(-pauseGrace)).Limit(100).Scan(ctx, &ids)
+		Where("pause_deadline < ?", m.now().Add(-m.Config.PauseGrace)).Limit(100).Scan(ctx, &ids)
 	if err != nil {
 		return
 	}

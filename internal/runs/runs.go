@@ -68,6 +68,9 @@ type Config struct {
 	// Poll is how often a reader on a replica that does not record the
 	// run looks for new chunks.
 	Poll time.Duration
+	// PauseGrace is how long after its question's deadline a paused run
+	// is ended here (the daemon has cancelled it by then).
+	PauseGrace time.Duration
 }
 
 func (c *Config) defaults() {
@@ -85,6 +88,9 @@ func (c *Config) defaults() {
 	}
 	if c.Poll <= 0 {
 		c.Poll = DefaultPoll
+	}
+	if c.PauseGrace <= 0 {
+		c.PauseGrace = 30 * time.Second
 	}
 }
 

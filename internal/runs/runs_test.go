@@ -64,6 +64,13 @@ type fixture struct {
 
 func newFixture(t testing.TB, db *bun.DB, cfg func(*runs.Config)) *fixture {
 	t.Helper()
+	return newFixtureDaemon(t, db, cfg, 0)
+}
+
+// newFixtureDaemon is newFixture with the daemon's interaction deadline
+// (0: its default).
+func newFixtureDaemon(t testing.TB, db *bun.DB, cfg func(*runs.Config), deadline time.Duration) *fixture {
+	t.Helper()
 	e := testenv.New(t, db, func(s *server.Server) {
 		if cfg != nil {
 			cfg(&s.Runs.Config)
@@ -72,7 +79,7 @@ func newFixture(t testing.TB, db *bun.DB, cfg func(*runs.Config)) *fixture {
 	const secret = "daemon-secret-0123456789abcdef0123456789"
 	d, err := internd.New(internd.Config{InternID: e.InternID, Secret: secret, DataDir: t.TempDir(),
 		AgentCommand: []string{os.Args[0], "-test.run=^$"}, AgentEnv: []string{"RUNS_TEST_AGENT=1"},
-		Model: agent.DemoModelID, InitTimeout: 20 * time.Second})
+		Model: agent.DemoModelID, InitTimeout: 20 * time.Second, InteractionDeadline: deadline})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -612,6 +619,24 @@ func TestBackgroundEventBounds(t *testing.T) {
 		})
 		if n, err := db.NewSelect().Model((*store.RunEvent)(nil)).Where("run_id = ?", id).Count(ctx); err != nil || n != 0 {
 			t.Fatalf("%d chunks left (%v)", n, err)
+		}
+	})
+}
+
+// A paused run whose question's deadline passed (the daemon has cancelled
+// it) is cancelled here too, with the daemon's reason.
+func TestBackgroundPauseExpires(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		f := newFixtureDaemon(t, db, func(c *runs.Config) { c.PauseGrace, c.Lease = time.Millisecond, time.Second }, time.Second)
+		e := f.e
+		id := f.start(t, bg("still there?"))["id"].(string)
+		f.waitStatus(t, id, "paused")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go e.Server.Runs.Run(ctx)
+		r := f.waitStatus(t, id, "cancelled")
+		if errObj, _ := r["error"].(map[string]any); errObj["code"] != float64(410) || !strings.Contains(errObj["message"].(string), "deadline") {
+			t.Fatalf("expired: %v", r)
 		}
 	})
 }
