@@ -23,6 +23,7 @@ var serveGroups = []flagGroup{
 	{"Agents", []string{"agent", "agent-auth-method", "agent-command", "agent-endpoint", "agent-modules"}},
 	{"Chat", []string{"chat-keepalive", "first-event-timeout", "event-timeout", "turn-timeout", "turn-rate"}},
 	{"Federation", []string{"token-issuer", "exchange-rate", "extra-ca-file", "federation-allow-hosts"}},
+	{"Webhooks", []string{"webhook-allow-hosts", "webhook-lease"}},
 }
 
 // groupedUsage prints fs's flags under groups' headings; a flag no group

@@ -31,6 +31,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/streamdeadline"
 	"github.com/cohort-dev/cohort/internal/vault"
+	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 )
 
@@ -60,6 +61,10 @@ type Server struct {
 	// ChatSSE tunes the chat event streams of the REST door.
 	ChatSSE    sse.Options
 	Federation *federation.Service
+	// Webhooks manages webhook endpoints; WebhookWorker drains the
+	// outbox (RunChanged enqueues into it).
+	Webhooks      *webhooks.Service
+	WebhookWorker *webhooks.Worker
 	// Warning, when set, is reported by /readyz (interns run unjailed).
 	Warning string
 	// Metrics counts every request and what the services do; nil unless
@@ -123,6 +128,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
 	}
+	hookAllow, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
+	}
 	catalog, err := cfg.Catalog()
 	if err != nil {
 		return nil, err
@@ -166,8 +175,12 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout, TurnTimeout: cfg.TurnTimeout},
 		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
 		Federation: fed,
-		origins:    origins,
+		Webhooks:   &webhooks.Service{DB: db, KEK: d.KEK, Allow: hookAllow, Log: log},
+		WebhookWorker: &webhooks.Worker{DB: db, KEK: d.KEK, Log: log, Lease: cfg.WebhookLease,
+			Client: webhooks.NewClient(webhooks.ClientOptions{Allow: hookAllow, ExtraRoots: roots})},
+		origins: origins,
 	}
+	s.Webhooks.Wake = s.WebhookWorker.Wake
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -278,6 +291,7 @@ func (s *Server) Start(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	s.stopRun = cancel
 	go s.Federation.Run(rctx)
+	go s.WebhookWorker.Run(rctx)
 	return nil
 }
 
