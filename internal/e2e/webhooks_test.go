@@ -186,3 +186,85 @@ func do(t *testing.T, req *http.Request) []byte {
 	}
 	return b
 }
+
+// A caller that reacts to a pause by webhook: a run paused for approval is
+// announced (run.paused, carrying the pending interaction) to a real
+// receiver, which checks the signature by hand and answers the
+// interaction with the normal tool-message chat request; the run goes on
+// to its end. Until the runs code announces pauses itself, the test
+// enqueues the event as it will, with the run object built from the
+// paused stream.
+func TestWebhookReceiverAnswersPause(t *testing.T) {
+	var secret string
+	var gwURL, key string
+	result := make(chan *stream, 1)
+	fail := make(chan string, 1)
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		h := r.Header.Clone()
+		h.Set("X-Body", string(body))
+		if !signed(secret, h) {
+			fail <- "bad signature"
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		// Acknowledge at once, answer after (receivers work asynchronously).
+		w.WriteHeader(http.StatusNoContent)
+		var ev struct {
+			Type string `json:"type"`
+			Data struct {
+				InternID    string          `json:"intern_id"`
+				SessionID   string          `json:"session_id"`
+				Interaction json.RawMessage `json:"interaction"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &ev); err != nil || ev.Type != webhooks.RunPaused {
+			fail <- "event " + string(body)
+			return
+		}
+		var call struct {
+			ID string `json:"id"`
+		}
+		json.Unmarshal(ev.Data.Interaction, &call)
+		answer := `{"stream":true,"session_id":"` + ev.Data.SessionID + `","messages":[` +
+			`{"role":"assistant","content":null,"tool_calls":[` + string(ev.Data.Interaction) + `]},` +
+			`{"role":"tool","tool_call_id":"` + call.ID + `","content":"allow_once"}]}`
+		go func() {
+			result <- readAll(t, chat(t, &proc{URL: gwURL}, key, ev.Data.InternID, answer))
+		}()
+	}))
+	t.Cleanup(rc.Close)
+
+	c, gw := newCluster(t, "", "--webhook-allow-hosts", "127.0.0.0/8")
+	gwURL, key = gw.URL, c.WK
+	d := c.Daemon(t, c.Demo, nil)
+	var created struct {
+		Secret string `json:"secret"`
+	}
+	json.Unmarshal(post(t, gw.URL+"/api/v1/webhooks/endpoints", c.WK, fmt.Sprintf(`{"url":%q,"events":["run.paused"]}`, rc.URL)), &created)
+	secret = created.Secret
+
+	s := readAll(t, chat(t, gw, c.WK, d.id, user("$ echo answered-by-webhook", `"approval_mode":"manual"`)))
+	if s.Finish != "tool_calls" {
+		t.Fatalf("pause: %q", s.Finish)
+	}
+	interaction, _ := json.Marshal(s.ToolCall)
+	run, _ := json.Marshal(map[string]any{"id": "run_pause", "object": "run", "status": "paused", "intern_id": d.id,
+		"session_id": s.Session, "interaction": json.RawMessage(interaction)})
+	db := openDB(t, c, "")
+	if err := db.RunInTx(context.Background(), nil, func(ctx context.Context, tx bun.Tx) error {
+		return webhooks.RunChanged(ctx, tx, c.WS, webhooks.RunPaused, run)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-result:
+		if r.Finish != "stop" || !strings.Contains(r.Text, "answered-by-webhook") {
+			t.Fatalf("the run after the webhook's answer: %q %q", r.Finish, r.Text)
+		}
+	case msg := <-fail:
+		t.Fatal(msg)
+	case <-time.After(wait):
+		t.Fatal("no webhook arrived")
+	}
+}
