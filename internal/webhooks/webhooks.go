@@ -70,6 +70,15 @@ type Service struct {
 
 func (s *Service) now() time.Time { return store.Now(s.Now) }
 
+// Notify tells this replica's worker that deliveries were enqueued: the
+// runs code calls it after the transaction that called RunChanged
+// commits, so a delivery starts at once rather than at the next poll.
+func (s *Service) Notify() {
+	if s != nil && s.Wake != nil {
+		s.Wake()
+	}
+}
+
 // secretAD binds a wrapped secret to its endpoint: a ciphertext copied to
 // another row does not unwrap.
 func secretAD(endpointID string) []byte { return []byte("cohort webhook secret " + endpointID) }
@@ -372,9 +381,7 @@ func (s *Service) Redeliver(ctx context.Context, p *auth.Principal, req *cohortv
 	if _, err := s.DB.NewUpdate().Model(d).Column("status", "attempts", "next_attempt_at", "lease_owner", "lease_until").WherePK().Exec(ctx); err != nil {
 		return nil, apierr.Internal(err)
 	}
-	if s.Wake != nil {
-		s.Wake()
-	}
+	s.Notify()
 	return &cohortv1.RedeliverWebhookResponse{Delivery: deliveryProto(d)}, nil
 }
 
