@@ -93,6 +93,9 @@ func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named str
 	if p.Departed() {
 		return "", interns.ErrDeparted
 	}
+	if named != "" && !plainID(named) {
+		return "", apierr.NotFound("workspace %q not found", clip(named))
+	}
 	if p.IsManagement() {
 		if named == "" {
 			return "", apierr.BadRequest("workspace_id is required with a management key")
@@ -115,6 +118,21 @@ func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named str
 	return p.WorkspaceID, nil
 }
 
+// plainID reports whether id can name a row: ids are short and of
+// letters, digits, '_' and '-' (uuids, whep_…, msg_…); anything else is
+// not found without asking the database (a NUL is an error to PostgreSQL).
+func plainID(id string) bool {
+	if id == "" || len(id) > 100 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // endpoint loads an endpoint the caller may see; any other is 404.
 func (s *Service) endpoint(ctx context.Context, p *auth.Principal, id string) (*store.WebhookEndpoint, error) {
 	if err := interns.CheckProgramme(p); err != nil {
@@ -122,6 +140,9 @@ func (s *Service) endpoint(ctx context.Context, p *auth.Principal, id string) (*
 	}
 	if p.Departed() {
 		return nil, interns.ErrDeparted
+	}
+	if !plainID(id) {
+		return nil, apierr.NotFound("webhook endpoint %q not found", clip(id))
 	}
 	e := new(store.WebhookEndpoint)
 	q := s.DB.NewSelect().Model(e).Where("id = ? AND organization_id = ?", id, p.OrganizationID)
@@ -363,6 +384,9 @@ func (s *Service) Redeliver(ctx context.Context, p *auth.Principal, req *cohortv
 	if err := interns.CheckProgramme(p); err != nil {
 		return nil, err
 	}
+	if !plainID(req.GetId()) {
+		return nil, apierr.NotFound("webhook delivery %q not found", clip(req.GetId()))
+	}
 	d := new(store.WebhookDelivery)
 	if err := s.DB.NewSelect().Model(d).ExcludeColumn("payload").Where("id = ?", req.GetId()).Scan(ctx); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
@@ -383,6 +407,14 @@ func (s *Service) Redeliver(ctx context.Context, p *auth.Principal, req *cohortv
 	}
 	s.Notify()
 	return &cohortv1.RedeliverWebhookResponse{Delivery: deliveryProto(d)}, nil
+}
+
+// clip bounds an id echoed in an error.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 func toProto(e *store.WebhookEndpoint) *cohortv1.WebhookEndpoint {
