@@ -99,11 +99,13 @@ func (w *Worker) init() {
 		if w.Schedule == nil {
 			w.Schedule = DefaultSchedule
 		}
+		// A batch goes out in one wave, so its last attempt ends within
+		// one attempt timeout of the claim: well inside the lease.
 		if w.Batch <= 0 {
-			w.Batch = 32
+			w.Batch = 16
 		}
 		if w.Concurrency <= 0 {
-			w.Concurrency = 8
+			w.Concurrency = w.Batch
 		}
 		if w.Client == nil {
 			w.Client = NewClient(ClientOptions{})
