@@ -259,3 +259,34 @@ func TestExpiredLeaseIsTakenOver(t *testing.T) {
 		}
 	})
 }
+
+// The delivery log is bounded: finished deliveries older than the
+// retention are deleted, pending ones never.
+func TestPruneKeepsPending(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		clk := newClock()
+		e := newEnv(t, db, clk)
+		rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/fail" {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		})
+		createEndpoint(t, e, rc.URL+"/ok", webhooks.RunCompleted)
+		createEndpoint(t, e, rc.URL+"/fail", webhooks.RunCompleted)
+		fire(t, e, e.WorkspaceID, webhooks.RunCompleted, `{"id":"run_old"}`)
+		w := worker(t, e, clk)
+		w.Retention = time.Hour
+		w.RunOnce(context.Background()) // one succeeds, one is pending again
+		clk.Add(2 * time.Hour)
+		if n, err := w.Prune(context.Background()); n != 1 || err != nil {
+			t.Fatalf("pruned %d: %v", n, err)
+		}
+		var left []store.WebhookDelivery
+		db.NewSelect().Model(&left).Scan(context.Background())
+		if len(left) != 1 || left[0].Status != store.WebhookPending {
+			t.Fatalf("left %+v", left)
+		}
+	})
+}

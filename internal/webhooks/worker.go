@@ -44,6 +44,10 @@ const (
 	MaxResponseBody = 64 << 10
 	// maxErrorText bounds the answer's excerpt kept as last_error.
 	maxErrorText = 200
+	// DefaultRetention is how long finished deliveries stay in the log.
+	DefaultRetention = 30 * 24 * time.Hour
+	// pruneEvery is how often a worker deletes expired log rows.
+	pruneEvery = 10 * time.Minute
 	// UserAgent identifies deliveries.
 	UserAgent = "Cohort-Webhooks/1"
 )
@@ -72,6 +76,9 @@ type Worker struct {
 	Schedule    []time.Duration
 	Batch       int
 	Concurrency int
+	// Retention bounds the delivery log: succeeded and failed deliveries
+	// older than this are deleted (pending ones never are).
+	Retention time.Duration
 	// Jitter returns a factor for a scheduled wait; nil is uniform in
 	// [0.75, 1.25).
 	Jitter func() float64
@@ -107,6 +114,9 @@ func (w *Worker) init() {
 		if w.Concurrency <= 0 {
 			w.Concurrency = w.Batch
 		}
+		if w.Retention <= 0 {
+			w.Retention = DefaultRetention
+		}
 		if w.Client == nil {
 			w.Client = NewClient(ClientOptions{})
 		}
@@ -134,7 +144,14 @@ func (w *Worker) Run(ctx context.Context) {
 	w.init()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var pruned time.Time
 	for {
+		if time.Since(pruned) > pruneEvery {
+			pruned = time.Now()
+			if _, err := w.Prune(ctx); err != nil && ctx.Err() == nil {
+				w.Log.Warn("webhooks: prune the delivery log", "error", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -157,6 +174,18 @@ func (w *Worker) Run(ctx context.Context) {
 		}
 		t.Reset(next)
 	}
+}
+
+// Prune deletes finished deliveries older than the retention; it returns
+// how many.
+func (w *Worker) Prune(ctx context.Context) (int64, error) {
+	w.init()
+	res, err := w.DB.NewDelete().Model((*store.WebhookDelivery)(nil)).
+		Where("status IN (?, ?) AND created_at < ?", store.WebhookSucceeded, store.WebhookFailed, w.now().Add(-w.Retention)).Exec(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // claimed is a delivery this worker holds.
