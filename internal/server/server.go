@@ -301,6 +301,12 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() {
 	if s.stopRun != nil {
 		s.stopRun()
+		// Let the webhook deliveries in flight finish and be recorded (a
+		// slow receiver's are left to their lease).
+		select {
+		case <-s.WebhookWorker.Done():
+		case <-time.After(5 * time.Second):
+		}
 	}
 	s.Federation.Close()
 	for _, c := range slices.Backward(s.closers) {

@@ -89,6 +89,7 @@ type Worker struct {
 	once sync.Once
 	id   string
 	wake chan struct{}
+	done chan struct{}
 }
 
 func (w *Worker) init() {
@@ -97,6 +98,7 @@ func (w *Worker) init() {
 		rand.Read(b)
 		w.id = "wk_" + hex.EncodeToString(b)
 		w.wake = make(chan struct{}, 1)
+		w.done = make(chan struct{})
 		if w.Lease <= 0 {
 			w.Lease = DefaultLease
 		}
@@ -137,11 +139,14 @@ func (w *Worker) Wake() {
 	}
 }
 
-// Run drains the outbox until ctx ends. Deliveries in flight then are
-// abandoned: their leases run out and another worker (or this one after a
-// restart) sends them again.
+// Run drains the outbox until ctx ends. The batch in flight then is
+// finished (each attempt bounded by the client's timeout) and recorded, so
+// a graceful stop sends nothing twice; Done says when. A process killed
+// meanwhile leaves its leases to run out: another worker (or this one
+// after a restart) sends those deliveries again.
 func (w *Worker) Run(ctx context.Context) {
 	w.init()
+	defer close(w.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var pruned time.Time
@@ -197,15 +202,26 @@ type claimed struct {
 	CreatedAt  time.Time `bun:"created_at"`
 }
 
+// Done is closed when Run has returned.
+func (w *Worker) Done() <-chan struct{} {
+	w.init()
+	return w.done
+}
+
 // RunOnce claims one batch of due deliveries, attempts them, and records
-// the outcomes; it returns how many it claimed.
+// the outcomes; it returns how many it claimed. Once claimed, a batch is
+// finished even if ctx ends.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	w.init()
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
 	now := w.now()
 	rows, err := w.claim(ctx, now)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
+	ctx = context.WithoutCancel(ctx)
 	eps, err := w.endpoints(ctx, rows)
 	if err != nil {
 		return len(rows), err
@@ -316,10 +332,6 @@ func (w *Worker) deliver(ctx context.Context, r claimed, t *target) error {
 		o.errText = t.err.Error()
 	default:
 		o = w.attempt(ctx, r, t)
-	}
-	if ctx.Err() != nil {
-		// Shutting down: leave the lease to run out.
-		return nil
 	}
 	return w.record(ctx, r, o)
 }
