@@ -36,6 +36,7 @@ type adminEnv struct {
 	init bool // --init: create what is missing (database, data directory, KEK)
 	f    *adminFlags
 	fed  *fedFlagSet
+	hook *hookFlagSet
 	cfg  config.Config
 }
 

@@ -24,6 +24,7 @@ var serveGroups = []flagGroup{
 	{"Chat", []string{"chat-keepalive", "first-event-timeout", "event-timeout", "turn-timeout", "turn-rate"}},
 	{"Background runs (docs/background.md)", []string{"background-max-running", "background-event-bytes", "background-retention", "background-lease"}},
 	{"Federation", []string{"token-issuer", "exchange-rate", "extra-ca-file", "federation-allow-hosts"}},
+	{"Webhooks", []string{"webhook-allow-hosts", "webhook-lease"}},
 }
 
 // groupedUsage prints fs's flags under groups' headings; a flag no group

@@ -131,6 +131,11 @@ type Config struct {
 	// FederationAllowHosts are the non-public identity provider hosts and
 	// ranges discovery and JWKS fetches may reach.
 	FederationAllowHosts []string
+	// WebhookAllowHosts are the non-public hosts and ranges webhook
+	// deliveries may reach; WebhookLease how long a claimed delivery is
+	// one replica's (0: the default).
+	WebhookAllowHosts []string
+	WebhookLease      time.Duration
 }
 
 // Default returns the defaults the README documents.

@@ -104,10 +104,18 @@ func routes(t *testing.T, internID string) [][2]string {
 			[2]string{"GET", "/vault/interns/" + id + "/secrets"},
 			[2]string{"PUT", "/vault/secrets/" + id},
 			[2]string{"DELETE", "/vault/secrets/" + id},
+			[2]string{"GET", "/webhooks/endpoints/" + id},
+			[2]string{"PATCH", "/webhooks/endpoints/" + id},
+			[2]string{"DELETE", "/webhooks/endpoints/" + id},
+			[2]string{"POST", "/webhooks/endpoints/" + id + "/rotate-secret"},
+			[2]string{"GET", "/webhooks/endpoints/" + id + "/deliveries"},
+			[2]string{"POST", "/webhooks/deliveries/" + id + "/redeliver"},
 		)
 	}
 	out = append(out,
 		[2]string{"POST", "/workspaces"},
+		[2]string{"POST", "/webhooks/endpoints"},
+		[2]string{"GET", "/webhooks/endpoints"},
 		[2]string{"GET", "/vault/secrets"},
 		[2]string{"POST", "/vault/nothing/here"},
 		[2]string{"POST", "/oauth/token"},
@@ -121,7 +129,7 @@ func routes(t *testing.T, internID string) [][2]string {
 	for _, svc := range []string{
 		cohortv1connect.WorkspaceServiceName, cohortv1connect.AdminServiceName, cohortv1connect.InternServiceName,
 		cohortv1connect.VaultServiceName, cohortv1connect.VaultAdminServiceName, cohortv1connect.InternGatewayServiceName,
-		cohortv1connect.ChatServiceName, cohortv1connect.FederationServiceName,
+		cohortv1connect.ChatServiceName, cohortv1connect.FederationServiceName, cohortv1connect.WebhookServiceName,
 	} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
 		if err != nil {

@@ -151,6 +151,9 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 		return nil, err
 	}
 	m.bump(id)
+	if notify != "" && m.Notifier != nil {
+		m.Notifier.Notify()
+	}
 	return &r, nil
 }
 
@@ -362,6 +365,9 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 	})
 	if changed && err == nil {
 		m.bump(id)
+		if m.Notifier != nil {
+			m.Notifier.Notify()
+		}
 	}
 	return changed && err == nil, err
 }

@@ -37,9 +37,11 @@ import (
 // eventType "run.paused", "run.completed", "run.failed" or
 // "run.cancelled" and run the run object exactly as GET run returns it
 // (a paused run's pending_interaction included). An error rolls the
-// change back; the recorder retries it.
+// change back; the recorder retries it. Notify follows the commit of a
+// transaction that called RunChanged (a worker may pick the change up now).
 type RunNotifier interface {
 	RunChanged(ctx context.Context, db bun.IDB, workspaceID, eventType string, run json.RawMessage) error
+	Notify()
 }
 
 // Defaults of Config (docs/decisions.md, "Background runs").

@@ -640,3 +640,5 @@ func TestBackgroundPauseExpires(t *testing.T) {
 		}
 	})
 }
+
+func (n *notes) Notify() {}

@@ -23,6 +23,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/rest"
 	"github.com/cohort-dev/cohort/internal/vault"
+	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 	"github.com/cohort-dev/cohort/web"
 )
@@ -84,6 +85,7 @@ func (s *Server) routes() []route {
 	chatInference := inference
 	chatInference.Lookup = chatREST.Lookup
 	fed := federation.REST{S: s.Federation}
+	hooks := webhooks.REST{S: s.Webhooks}
 	return []route{
 		{service: cohortv1connect.WorkspaceServiceName, access: apiKeys, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewWorkspaceServiceHandler(workspaces.Handler{S: s.Workspaces}, o...)
@@ -145,6 +147,18 @@ func (s *Server) routes() []route {
 		{pattern: Prefix + "/oauth/token", access: public, maxBody: federation.MaxTokenBody, selfBounded: true, handler: fed.Token},
 		// Public like any JWKS: resource servers verifying our tokens hold no API key.
 		{pattern: "GET " + Prefix + "/oauth/jwks", access: public, handler: fed.JWKS},
+
+		{service: cohortv1connect.WebhookServiceName, access: apiKeys, maxBody: webhooks.MaxBody, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewWebhookServiceHandler(webhooks.Handler{S: s.Webhooks}, o...)
+		}},
+		{pattern: "POST " + Prefix + "/webhooks/endpoints", access: apiKeys, reasons: true, maxBody: webhooks.MaxBody, handler: hooks.Create},
+		{pattern: "GET " + Prefix + "/webhooks/endpoints", access: apiKeys, reasons: true, handler: hooks.List},
+		{pattern: "GET " + Prefix + "/webhooks/endpoints/{id}", access: apiKeys, reasons: true, handler: hooks.Get},
+		{pattern: "PATCH " + Prefix + "/webhooks/endpoints/{id}", access: apiKeys, reasons: true, maxBody: webhooks.MaxBody, handler: hooks.Update},
+		{pattern: "DELETE " + Prefix + "/webhooks/endpoints/{id}", access: apiKeys, reasons: true, handler: hooks.Delete},
+		{pattern: "POST " + Prefix + "/webhooks/endpoints/{id}/rotate-secret", access: apiKeys, reasons: true, handler: hooks.Rotate},
+		{pattern: "GET " + Prefix + "/webhooks/endpoints/{id}/deliveries", access: apiKeys, reasons: true, handler: hooks.Deliveries},
+		{pattern: "POST " + Prefix + "/webhooks/deliveries/{id}/redeliver", access: apiKeys, reasons: true, handler: hooks.Redeliver},
 
 		{pattern: "GET /healthz", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
 			rest.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})

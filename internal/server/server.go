@@ -32,6 +32,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/streamdeadline"
 	"github.com/cohort-dev/cohort/internal/vault"
+	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 )
 
@@ -64,6 +65,10 @@ type Server struct {
 	// before Start to hear of their status changes.
 	Runs       *runs.Manager
 	Federation *federation.Service
+	// Webhooks manages webhook endpoints; WebhookWorker drains the
+	// outbox (RunChanged enqueues into it).
+	Webhooks      *webhooks.Service
+	WebhookWorker *webhooks.Worker
 	// Warning, when set, is reported by /readyz (interns run unjailed).
 	Warning string
 	// Metrics counts every request and what the services do; nil unless
@@ -127,6 +132,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
 	}
+	hookAllow, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
+	}
 	catalog, err := cfg.Catalog()
 	if err != nil {
 		return nil, err
@@ -170,10 +179,16 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout, TurnTimeout: cfg.TurnTimeout},
 		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
 		Federation: fed,
-		origins:    origins,
+		Webhooks:   &webhooks.Service{DB: db, KEK: d.KEK, Allow: hookAllow, Log: log},
+		WebhookWorker: &webhooks.Worker{DB: db, KEK: d.KEK, Log: log, Lease: cfg.WebhookLease,
+			Client: webhooks.NewClient(webhooks.ClientOptions{Allow: hookAllow, ExtraRoots: roots})},
+		origins: origins,
 	}
+	s.Webhooks.Wake = s.WebhookWorker.Wake
 	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.BackgroundMaxRunning, MaxEventBytes: cfg.BackgroundEventBytes,
 		Retention: cfg.BackgroundRetention, Lease: cfg.BackgroundLease})
+	// A run's status changes become webhook events in the same transaction.
+	s.Runs.Notifier = s.Webhooks
 	s.Chat.Background = s.Runs
 	defer func() {
 		if err != nil {
@@ -287,6 +302,7 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.Federation.Run(rctx)
 	// After the provisioner: runs taken over attach to daemons it adopted.
 	go s.Runs.Run(rctx)
+	go s.WebhookWorker.Run(rctx)
 	return nil
 }
 
@@ -296,6 +312,12 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() {
 	if s.stopRun != nil {
 		s.stopRun()
+		// Let the webhook deliveries in flight finish and be recorded (a
+		// slow receiver's are left to their lease).
+		select {
+		case <-s.WebhookWorker.Done():
+		case <-time.After(5 * time.Second):
+		}
 	}
 	if s.Runs != nil {
 		// Before the provisioner: the recorders read its daemons.

@@ -6,6 +6,7 @@ import { internsPage } from "./pages/interns";
 import { vaultPage } from "./pages/vault";
 import { chatPage } from "./pages/chat";
 import { federationPage } from "./pages/federation";
+import { webhooksPage } from "./pages/webhooks";
 
 const app = document.getElementById("app")!;
 const nav = document.getElementById("nav")!;
@@ -20,6 +21,7 @@ const pages: Record<string, [string, Page]> = {
   chat: ["Playground", chatPage],
   vault: ["Vault", vaultPage],
   federation: ["Workload identity", federationPage],
+  webhooks: ["Webhooks", webhooksPage],
 };
 
 function render(): void {

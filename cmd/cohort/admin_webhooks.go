@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/safehttp"
+	"github.com/cohort-dev/cohort/internal/webhooks"
+)
+
+// hookFlagSet are the flags of the `cohort admin webhook …` commands.
+type hookFlagSet struct {
+	events, status, allowHosts string
+	pageSize                   int
+}
+
+func init() {
+	adminFlagHooks = append(adminFlagHooks, func(fs *flag.FlagSet, e *adminEnv) {
+		e.hook = &hookFlagSet{}
+		f := e.hook
+		fs.StringVar(&f.events, "events", "", "webhook: comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)")
+		fs.StringVar(&f.status, "status", "", "webhook: deliveries with this status only (pending, succeeded, failed)")
+		fs.IntVar(&f.pageSize, "page-size", 50, "webhook: how many deliveries")
+		// As serve's: the save-time check must see the policy serve enforces.
+		fs.StringVar(&f.allowHosts, "webhook-allow-hosts", env("COHORT_WEBHOOK_ALLOW_HOSTS", ""), "webhook: non-public receiver hosts, addresses and ranges, as serve's setting (COHORT_WEBHOOK_ALLOW_HOSTS)")
+	})
+	for name, cmd := range map[string]adminCmd{
+		"webhook create": {"--org ID --workspace ID --url URL --events E,… [--description D] [--enabled false]   (prints the secret, once)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			req := &cohortv1.CreateWebhookEndpointRequest{WorkspaceId: e.f.workspace, Url: e.f.url, Events: splitList(e.hook.events), Description: e.f.description}
+			var err error
+			if req.Enabled, err = enabledFlag(e.fed.enabled); err != nil {
+				return err
+			}
+			res, err := s.Create(ctx, p, req)
+			if err != nil {
+				return err
+			}
+			return e.printOne(res)
+		})},
+		"webhook list": {"--org ID --workspace ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.List(ctx, p, &cohortv1.ListWebhookEndpointsRequest{WorkspaceId: e.f.workspace})
+			if err != nil {
+				return err
+			}
+			return e.print(protos(res.GetEndpoints())...)
+		})},
+		"webhook get": {"--org ID --id ENDPOINT_ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Get(ctx, p, &cohortv1.GetWebhookEndpointRequest{Id: e.f.id})
+			if err != nil {
+				return err
+			}
+			return e.printOne(res.GetEndpoint())
+		})},
+		"webhook update": {"--org ID --id ENDPOINT_ID [--url URL] [--events E,…] [--description D] [--enabled true|false]", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			req := &cohortv1.UpdateWebhookEndpointRequest{Id: e.f.id, Url: optional(e.f.url), Events: splitList(e.hook.events), Description: optional(e.f.description)}
+			var err error
+			if req.Enabled, err = enabledFlag(e.fed.enabled); err != nil {
+				return err
+			}
+			res, err := s.Update(ctx, p, req)
+			if err != nil {
+				return err
+			}
+			return e.printOne(res.GetEndpoint())
+		})},
+		"webhook rotate-secret": {"--org ID --id ENDPOINT_ID   (prints the new secret, once; the old one also signs for 24 h)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Rotate(ctx, p, &cohortv1.RotateWebhookSecretRequest{Id: e.f.id})
+			if err != nil {
+				return err
+			}
+			return e.printOne(res)
+		})},
+		"webhook delete": {"--org ID --id ENDPOINT_ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Delete(ctx, p, &cohortv1.DeleteWebhookEndpointRequest{Id: e.f.id})
+			if err != nil {
+				return err
+			}
+			return e.printOne(res)
+		})},
+		"webhook deliveries": {"--org ID --id ENDPOINT_ID [--status S] [--page-size N]   (the delivery log, newest first)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Deliveries(ctx, p, &cohortv1.ListWebhookDeliveriesRequest{EndpointId: e.f.id, Status: e.hook.status, PageSize: int32(e.hook.pageSize)})
+			if err != nil {
+				return err
+			}
+			return e.print(protos(res.GetDeliveries())...)
+		})},
+		"webhook redeliver": {"--org ID --id DELIVERY_ID   (a running gateway sends it again)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Redeliver(ctx, p, &cohortv1.RedeliverWebhookRequest{Id: e.f.id})
+			if err != nil {
+				return err
+			}
+			return e.printOne(res.GetDelivery())
+		})},
+	} {
+		adminCmds[name] = cmd
+	}
+}
+
+// enabledFlag reads --enabled (registered with the federation flags).
+func enabledFlag(f optString) (*bool, error) {
+	if !f.set {
+		return nil, nil
+	}
+	on, err := strconv.ParseBool(f.v)
+	if err != nil {
+		return nil, errors.New("--enabled: want true or false")
+	}
+	return &on, nil
+}
+
+// hookCmd gives a webhook command the service over the database (with
+// the KEK, which wraps secrets, and --webhook-allow-hosts as serve's) and
+// the operator principal.
+func hookCmd(run func(context.Context, *adminEnv, *webhooks.Service, *auth.Principal) error) func(context.Context, *adminEnv) error {
+	return func(ctx context.Context, e *adminEnv) error {
+		p, err := e.operator()
+		if err != nil {
+			return err
+		}
+		allow, err := safehttp.ParseAllowlist(splitList(e.hook.allowHosts))
+		if err != nil {
+			return fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
+		}
+		kek, err := adminKEK(e)
+		if err != nil {
+			return err
+		}
+		return run(ctx, e, &webhooks.Service{DB: e.db, KEK: kek, Allow: allow}, p)
+	}
+}

@@ -1,0 +1,449 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+
+	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// Delivery defaults (docs/decisions.md, "Webhooks").
+const (
+	// DefaultAttemptTimeout bounds one attempt (Standard Webhooks
+	// receivers are told to answer fast and work later).
+	DefaultAttemptTimeout = 15 * time.Second
+	// DefaultLease is how long a claimed delivery is a worker's before
+	// another may take it: longer than an attempt, so a live worker
+	// always finishes first; a killed one's deliveries are retried once
+	// it runs out.
+	DefaultLease = time.Minute
+	// DefaultPoll is how often an idle worker looks for due deliveries.
+	DefaultPoll = 500 * time.Millisecond
+	// MaxRetryAfter caps how far a receiver's Retry-After pushes the next
+	// attempt.
+	MaxRetryAfter = 6 * time.Hour
+	// MaxResponseBody bounds what is read of an answer (then the
+	// connection is dropped rather than drained).
+	MaxResponseBody = 64 << 10
+	// maxErrorText bounds the answer's excerpt kept as last_error.
+	maxErrorText = 200
+	// DefaultRetention is how long finished deliveries stay in the log.
+	DefaultRetention = 30 * 24 * time.Hour
+	// pruneEvery is how often a worker deletes expired log rows.
+	pruneEvery = 10 * time.Minute
+	// UserAgent identifies deliveries.
+	UserAgent = "Cohort-Webhooks/1"
+)
+
+// DefaultSchedule is the wait after each failed attempt: exponential from
+// 5 s to 8 h, 11 attempts over about 24 h 12 m, each wait jittered by
+// ±25%; after the last the delivery is failed (and may be redelivered).
+var DefaultSchedule = []time.Duration{5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute,
+	30 * time.Minute, time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 8 * time.Hour}
+
+// Worker drains the outbox: it claims due deliveries with a lease
+// (PostgreSQL: FOR UPDATE SKIP LOCKED, so replicas take different rows;
+// SQLite: one UPDATE under its single writer), sends each, and records the
+// answer or the next attempt. Every replica runs one; each delivery is
+// attempted by one worker at a time.
+type Worker struct {
+	DB     *bun.DB
+	KEK    *envelope.KEK
+	Client *http.Client
+	Log    *slog.Logger
+	// Now is the clock (tests); nil is the wall clock.
+	Now func() time.Time
+	// Zero fields take the defaults above.
+	Lease       time.Duration
+	Poll        time.Duration
+	Schedule    []time.Duration
+	Batch       int
+	Concurrency int
+	// Retention bounds the delivery log: succeeded and failed deliveries
+	// older than this are deleted (pending ones never are).
+	Retention time.Duration
+	// Jitter returns a factor for a scheduled wait; nil is uniform in
+	// [0.75, 1.25).
+	Jitter func() float64
+	// OnDelivered, when set, is called after each successful attempt
+	// (benchmarks measure latency from it).
+	OnDelivered func(id string, created, delivered time.Time)
+
+	once sync.Once
+	id   string
+	wake chan struct{}
+	done chan struct{}
+}
+
+func (w *Worker) init() {
+	w.once.Do(func() {
+		b := make([]byte, 8)
+		rand.Read(b)
+		w.id = "wk_" + hex.EncodeToString(b)
+		w.wake = make(chan struct{}, 1)
+		w.done = make(chan struct{})
+		if w.Lease <= 0 {
+			w.Lease = DefaultLease
+		}
+		if w.Poll <= 0 {
+			w.Poll = DefaultPoll
+		}
+		if w.Schedule == nil {
+			w.Schedule = DefaultSchedule
+		}
+		// A batch goes out in one wave, so its last attempt ends within
+		// one attempt timeout of the claim: well inside the lease.
+		if w.Batch <= 0 {
+			w.Batch = 16
+		}
+		if w.Concurrency <= 0 {
+			w.Concurrency = w.Batch
+		}
+		if w.Retention <= 0 {
+			w.Retention = DefaultRetention
+		}
+		if w.Client == nil {
+			w.Client = NewClient(ClientOptions{})
+		}
+		if w.Log == nil {
+			w.Log = slog.New(slog.DiscardHandler)
+		}
+	})
+}
+
+func (w *Worker) now() time.Time { return store.Now(w.Now) }
+
+// Wake asks the worker to look for due deliveries now.
+func (w *Worker) Wake() {
+	w.init()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run drains the outbox until ctx ends. The batch in flight then is
+// finished (each attempt bounded by the client's timeout) and recorded, so
+// a graceful stop sends nothing twice; Done says when. A process killed
+// meanwhile leaves its leases to run out: another worker (or this one
+// after a restart) sends those deliveries again.
+func (w *Worker) Run(ctx context.Context) {
+	w.init()
+	defer close(w.done)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var pruned time.Time
+	for {
+		if time.Since(pruned) > pruneEvery {
+			pruned = time.Now()
+			if _, err := w.Prune(ctx); err != nil && ctx.Err() == nil {
+				w.Log.Warn("webhooks: prune the delivery log", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.wake:
+		}
+		n, err := w.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.Log.Warn("webhooks: outbox", "error", err)
+		}
+		next := w.Poll
+		if n > 0 && err == nil {
+			next = 0 // a full batch may have left more due
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// Prune deletes finished deliveries older than the retention; it returns
+// how many.
+func (w *Worker) Prune(ctx context.Context) (int64, error) {
+	w.init()
+	res, err := w.DB.NewDelete().Model((*store.WebhookDelivery)(nil)).
+		Where("status IN (?, ?) AND created_at < ?", store.WebhookSucceeded, store.WebhookFailed, w.now().Add(-w.Retention)).Exec(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// claimed is a delivery this worker holds.
+type claimed struct {
+	ID         string    `bun:"id"`
+	EndpointID string    `bun:"endpoint_id"`
+	Payload    string    `bun:"payload"`
+	Attempts   int       `bun:"attempts"`
+	CreatedAt  time.Time `bun:"created_at"`
+}
+
+// Done is closed when Run has returned.
+func (w *Worker) Done() <-chan struct{} {
+	w.init()
+	return w.done
+}
+
+// RunOnce claims one batch of due deliveries, attempts them, and records
+// the outcomes; it returns how many it claimed. Once claimed, a batch is
+// finished even if ctx ends.
+func (w *Worker) RunOnce(ctx context.Context) (int, error) {
+	w.init()
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	now := w.now()
+	rows, err := w.claim(ctx, now)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	eps, err := w.endpoints(ctx, rows)
+	if err != nil {
+		return len(rows), err
+	}
+	sem := make(chan struct{}, w.Concurrency)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for _, r := range rows {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := w.deliver(ctx, r, eps[r.EndpointID]); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return len(rows), first
+}
+
+func (w *Worker) claim(ctx context.Context, now time.Time) ([]claimed, error) {
+	lock := ""
+	if w.DB.Dialect().Name() == dialect.PG {
+		// Replicas claiming at once skip each other's rows instead of
+		// waiting for them, and never take the same one.
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	var rows []claimed
+	err := w.DB.NewRaw(`UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ?, attempts = attempts + 1, last_attempt_at = ?
+		WHERE id IN (SELECT d.id FROM webhook_deliveries d
+			WHERE d.status = ? AND d.next_attempt_at <= ? AND (d.lease_until IS NULL OR d.lease_until <= ?)
+			AND d.endpoint_id IN (SELECT e.id FROM webhook_endpoints e WHERE e.enabled = ?)
+			ORDER BY d.next_attempt_at LIMIT ?`+lock+`)
+		RETURNING id, endpoint_id, payload, attempts, created_at`,
+		w.id, now.Add(w.Lease), now, store.WebhookPending, now, now, true, w.Batch).Scan(ctx, &rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return rows, nil
+}
+
+// target is where and how one endpoint's deliveries go.
+type target struct {
+	url  string
+	keys [][]byte
+	err  error
+}
+
+func (w *Worker) endpoints(ctx context.Context, rows []claimed) (map[string]*target, error) {
+	ids := make([]string, 0, len(rows))
+	for _, r := range rows {
+		ids = append(ids, r.EndpointID)
+	}
+	var eps []store.WebhookEndpoint
+	if err := w.DB.NewSelect().Model(&eps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+		return nil, fmt.Errorf("endpoints: %w", err)
+	}
+	now := w.now()
+	out := map[string]*target{}
+	for _, e := range eps {
+		t := &target{url: e.URL}
+		k, err := w.unwrap(e.Secret, e.ID)
+		if err != nil {
+			t.err = err
+		} else {
+			t.keys = append(t.keys, k)
+			if e.PreviousSecret != nil && e.PreviousUntil != nil && now.Before(*e.PreviousUntil) {
+				if pk, err := w.unwrap(e.PreviousSecret, e.ID); err == nil {
+					t.keys = append(t.keys, pk)
+				}
+			}
+		}
+		out[e.ID] = t
+	}
+	return out, nil
+}
+
+func (w *Worker) unwrap(wrapped []byte, id string) ([]byte, error) {
+	if w.KEK == nil {
+		return nil, errors.New("no key-encryption key")
+	}
+	secret, err := w.KEK.Unwrap(wrapped, secretAD(id))
+	if err != nil {
+		return nil, errors.New("the endpoint's secret does not unwrap with this key-encryption key")
+	}
+	return SecretKey(string(secret))
+}
+
+// outcome is one attempt's result.
+type outcome struct {
+	code       int
+	errText    string
+	retryAfter time.Duration
+}
+
+func (w *Worker) deliver(ctx context.Context, r claimed, t *target) error {
+	var o outcome
+	switch {
+	case t == nil:
+		o.errText = "the endpoint was deleted"
+	case t.err != nil:
+		o.errText = t.err.Error()
+	default:
+		o = w.attempt(ctx, r, t)
+	}
+	return w.record(ctx, r, o)
+}
+
+func (w *Worker) attempt(ctx context.Context, r claimed, t *target) outcome {
+	ts := w.now()
+	body := []byte(r.Payload)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url, bytes.NewReader(body))
+	if err != nil {
+		return outcome{errText: "invalid url"}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", UserAgent)
+	req.Header.Set(HeaderID, r.ID)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts.Unix(), 10))
+	req.Header.Set(HeaderSignature, Signatures(t.keys, r.ID, ts, body))
+	res, err := w.Client.Do(req)
+	if err != nil {
+		return outcome{errText: attemptError(err)}
+	}
+	defer res.Body.Close()
+	excerpt, _ := io.ReadAll(io.LimitReader(res.Body, MaxResponseBody))
+	o := outcome{code: res.StatusCode}
+	if res.StatusCode >= 200 && res.StatusCode < 300 {
+		return o
+	}
+	o.errText = "HTTP " + strconv.Itoa(res.StatusCode)
+	if s := printable(excerpt); s != "" {
+		o.errText += ": " + s
+	}
+	o.retryAfter = parseRetryAfter(res.Header.Get("Retry-After"), ts)
+	return o
+}
+
+// attemptError says why an attempt got no answer, without the URL (it
+// may carry a token of the receiver's).
+func attemptError(err error) string {
+	var ue interface{ Unwrap() error }
+	if errors.As(err, &ue) {
+		if inner := ue.Unwrap(); inner != nil {
+			err = inner
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout") {
+		return "timed out"
+	}
+	s := err.Error()
+	if len(s) > maxErrorText {
+		s = s[:maxErrorText]
+	}
+	return s
+}
+
+func printable(b []byte) string {
+	s := strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, string(b))
+	s = strings.TrimSpace(s)
+	if r := []rune(s); len(r) > maxErrorText {
+		s = string(r[:maxErrorText]) + "…"
+	}
+	return s
+}
+
+// parseRetryAfter reads seconds or an HTTP date; 0 when absent or bad.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		d = time.Duration(min(n, int64(MaxRetryAfter/time.Second))) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, 0), MaxRetryAfter)
+}
+
+func (w *Worker) record(ctx context.Context, r claimed, o outcome) error {
+	now := w.now()
+	q := w.DB.NewUpdate().Model((*store.WebhookDelivery)(nil)).
+		Set("lease_owner = NULL, lease_until = NULL, last_status_code = ?, last_error = ?", o.code, o.errText).
+		// Only the claim this worker holds: a lease that ran out and was
+		// taken by another worker is that worker's to record.
+		Where("id = ? AND lease_owner = ? AND attempts = ?", r.ID, w.id, r.Attempts)
+	switch {
+	case o.errText == "" && o.code >= 200 && o.code < 300:
+		q = q.Set("status = ?, delivered_at = ?", store.WebhookSucceeded, now)
+	case r.Attempts > len(w.Schedule):
+		q = q.Set("status = ?", store.WebhookFailed)
+	default:
+		wait := w.Schedule[r.Attempts-1]
+		j := 0.75 + mrand.Float64()/2
+		if w.Jitter != nil {
+			j = w.Jitter()
+		}
+		wait = time.Duration(float64(wait) * j)
+		wait = max(wait, o.retryAfter)
+		q = q.Set("next_attempt_at = ?", now.Add(wait))
+	}
+	if _, err := q.Exec(ctx); err != nil {
+		return fmt.Errorf("record delivery %s: %w", r.ID, err)
+	}
+	if o.errText == "" && w.OnDelivered != nil {
+		w.OnDelivered(r.ID, r.CreatedAt, now)
+	}
+	return nil
+}
