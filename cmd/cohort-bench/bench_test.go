@@ -126,7 +126,9 @@ func TestBenchFleet(t *testing.T) {
 	o := out.String()
 	for _, re := range []string{`\(sleeping interns: 0\)`, `sleeping intern \(wake included\): p50 \S+ p99`,
 		`4 of 4 answered a second turn`, `== 8 interns awake`, `== shutdown of 8 awake interns: \S+`,
-		`answered 5 turns in \S+; 24 of 24 intern processes are the same`, `bytes per sleeping intern`} {
+		`answered 5 turns in \S+; 24 of 24 intern processes are the same`, `bytes per sleeping intern`,
+		`(?m)^  init\s+8 processes, \S+ MiB per intern \(anonymous \S+, file \S+\)$`,
+		`(?m)^  daemon\s+8 processes, `, `(?m)^  agent\s+8 processes, `} {
 		if !regexp.MustCompile(re).MatchString(o) {
 			t.Errorf("output lacks %s:\n%s", re, o)
 		}

@@ -172,6 +172,10 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "== %d interns awake\n", n)
 	fmt.Fprintf(stdout, "woke %d in %s; %d of %d answered a second turn\n", *awake, wakeAll.Round(time.Millisecond), answered, *awake)
 	fmt.Fprintf(stdout, "processes under the gateway: %d; PSS per awake intern %.1f MiB (goal ≤ 10)\n", len(tree)-1, internPSS/float64(n)/(1<<20))
+	fmt.Fprintf(stdout, "PSS per awake intern by process (anonymous: heap, stacks, runtime; file: the binary's pages, shared by every process that maps them):\n")
+	for _, r := range roleBreakdown(tree[1:]) {
+		fmt.Fprintf(stdout, "  %-8s %3d processes, %.2f MiB per intern (anonymous %.2f, file %.2f)\n", r.role, r.procs, r.pss/float64(n)/(1<<20), r.anon/float64(n)/(1<<20), r.file/float64(n)/(1<<20))
+	}
 
 	// A restart: the gateway goes (SIGTERM), another starts on the same
 	// data and adopts the jails; every intern answers again, from the same
@@ -325,4 +329,49 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// roleMem is the memory of one kind of an intern's processes.
+type roleMem struct {
+	role            string
+	procs           int
+	pss, anon, file float64
+}
+
+// roleBreakdown sums the PSS of pids by what each process is: the jail's
+// init, the daemon, the agent, or anything else (the agent's commands).
+func roleBreakdown(pids []int) []roleMem {
+	order := []string{"init", "daemon", "agent", "other"}
+	by := map[string]*roleMem{}
+	for _, r := range order {
+		by[r] = &roleMem{role: r}
+	}
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(b), "\x00")
+		role := "other"
+		switch {
+		case strings.HasPrefix(argv[0], "cohort-jail-init"):
+			role = "init"
+		case len(argv) > 1 && argv[1] == "intern":
+			role = "daemon"
+		case len(argv) > 1 && argv[1] == "agent":
+			role = "agent"
+		}
+		r := by[role]
+		r.procs++
+		r.pss += procstat.PSS(p)
+		r.anon += procstat.Rollup(p, "Pss_Anon:")
+		r.file += procstat.Rollup(p, "Pss_File:")
+	}
+	var out []roleMem
+	for _, r := range order {
+		if by[r].procs > 0 {
+			out = append(out, *by[r])
+		}
+	}
+	return out
 }

@@ -43,6 +43,12 @@ func Tree(pid int) []int {
 // of a binary many processes run.
 func PSS(pid int) float64 { return kB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss:") }
 
+// Rollup is one field of a process's /proc/PID/smaps_rollup ("Pss_Anon:",
+// "Pss_File:"…) in bytes (0 when it is gone).
+func Rollup(pid int, field string) float64 {
+	return kB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), field)
+}
+
 // RSS is a process's resident set size in bytes (0 when it is gone).
 func RSS(pid int) float64 { return kB(fmt.Sprintf("/proc/%d/status", pid), "VmRSS:") }
 
