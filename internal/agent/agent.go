@@ -225,6 +225,10 @@ type session struct {
 	mcp []mcpTool
 	// used is when the session was last created, loaded or prompted.
 	used time.Time
+	// saved is how many messages of history its journal holds; -1 until
+	// this process first writes it (state.go). saveMu orders the saves.
+	saved  int
+	saveMu sync.Mutex
 }
 
 func (s *session) currentModel() string {
@@ -269,7 +273,7 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	s := &session{id: acp.SessionId("sess_" + hex.EncodeToString(raw[:])), cwd: a.workDir(p.Cwd), mode: mode, model: model,
-		mcp: a.connectMCP(ctx, p.McpServers), used: time.Now()}
+		mcp: a.connectMCP(ctx, p.McpServers), used: time.Now(), saved: -1}
 	a.startForgetting()
 	a.mu.Lock()
 	a.sessions[s.id] = s
