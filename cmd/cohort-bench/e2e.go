@@ -129,8 +129,17 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	// The first Cohort turn wakes the intern (a jail starts): not measured.
-	if _, err := cnew.turn(ctx, benchPrompt(1, 0, false)); err != nil {
-		return fmt.Errorf("first turn through Cohort: %w", err)
+	// Under load the wake may outlast the gateway's patience: try again.
+	for try := 1; ; try++ {
+		_, err := cnew.turn(ctx, benchPrompt(1, 0, false))
+		if err == nil {
+			break
+		}
+		if try == 3 {
+			return fmt.Errorf("first turn through Cohort: %w", err)
+		}
+		fmt.Fprintf(stderr, "e2e: first turn through Cohort: %v; again\n", err)
+		time.Sleep(time.Second)
 	}
 	procs := c.procs()
 	for _, p := range procs {
@@ -345,13 +354,14 @@ func (t *e2eTarget) turn(ctx context.Context, prompt string) (time.Duration, err
 	}
 	defer res.Body.Close()
 	var first time.Duration
-	_, err = t.read(res.Body, func() {
+	var seen bytes.Buffer // what the stream said, for an error
+	_, err = t.read(io.TeeReader(res.Body, &seen), func() {
 		if first == 0 {
 			first = time.Since(t0)
 		}
 	})
 	if err == nil && first == 0 {
-		err = errors.New("no content chunk")
+		err = fmt.Errorf("no content chunk in %q", seen.String())
 	}
 	return first, err
 }
@@ -519,7 +529,7 @@ func startCohortPath(ctx context.Context, cohort, dir, provisioner, modelURL, pr
 	gdir := filepath.Join(dir, "gateway")
 	env := []string{"COHORT_AGENT_BASE_URL=" + modelURL + "/v1", "COHORT_AGENT_API_KEY=bench-model-key"}
 	gw := exec.Command(cohort, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", provisioner,
-		"--intern-idle-timeout", "1h", "--turn-rate", "1000000/s", "--log-level", "error")
+		"--intern-idle-timeout", "1h", "--jail-orphan-timeout", "0", "--turn-rate", "1000000/s", "--log-level", "error")
 	gw.Env = append(os.Environ(), env...)
 	if profDir != "" {
 		gw.Env = append(gw.Env, "COHORT_CPUPROFILE="+filepath.Join(profDir, "gateway"))
