@@ -129,17 +129,21 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	// The first Cohort turn wakes the intern (a jail starts): not measured.
-	// Under load the wake may outlast the gateway's patience: try again.
+	// It may still run the demo model (the gateway provisioned the intern
+	// before the bench changed its model) or restart the daemon on the
+	// change: try until the bench model answers.
 	for try := 1; ; try++ {
 		_, err := cnew.turn(ctx, benchPrompt(1, 0, false))
 		if err == nil {
 			break
 		}
-		if try == 3 {
+		if try == 20 {
 			return fmt.Errorf("first turn through Cohort: %w", err)
 		}
-		fmt.Fprintf(stderr, "e2e: first turn through Cohort: %v; again\n", err)
-		time.Sleep(time.Second)
+		if *childLogs {
+			fmt.Fprintf(stderr, "e2e: first turn through Cohort: %v; again\n", err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	procs := c.procs()
 	for _, p := range procs {
