@@ -19,7 +19,6 @@ import (
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Defaults for Config fields left zero.
@@ -158,6 +157,8 @@ type Agent struct {
 
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session
+	// mcpSpecs are the tool lists of the MCP servers seen (mcp.go).
+	mcpSpecs map[string][]ToolSpec
 	sweep    sync.Once // starts forgetIdle
 	trimming atomic.Bool
 }
@@ -598,13 +599,13 @@ func (a *Agent) forget(cutoff time.Time, extra int) {
 	}
 }
 
-// closeMCP closes the client sessions behind tools (several tools share one).
+// closeMCP closes the connections behind tools (several tools share one).
 func closeMCP(tools []mcpTool) {
-	seen := map[*mcp.ClientSession]bool{}
+	var seen []*mcpConn
 	for _, t := range tools {
-		if t.cs != nil && !seen[t.cs] {
-			seen[t.cs] = true
-			t.cs.Close()
+		if t.conn != nil && !slices.Contains(seen, t.conn) {
+			seen = append(seen, t.conn)
+			t.conn.close()
 		}
 	}
 }
