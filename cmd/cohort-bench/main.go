@@ -4,6 +4,7 @@
 // unless --cohort names one, and starts itself for the mock servers.
 //
 //	go run ./cmd/cohort-bench chat         the chat path's figures (docs/benchmarks.md, Chat)
+//	go run ./cmd/cohort-bench e2e          what a caller pays: the model directly, through Cohort and through a peer gateway
 //	go run ./cmd/cohort-bench fleet        sleeping, waking and awake interns (docs/benchmarks.md, Fleet)
 //	go run ./cmd/cohort-bench sessions     a daemon's and its agent's memory over many sessions (--gateway: and the gateway's, through its chat API)
 //	go run ./cmd/cohort-bench neighbour    a neighbour's latency beside an abusive intern; wakes with limits on and off
@@ -36,6 +37,7 @@ const usage = `cohort-bench — load figures of a cohort binary (docs/benchmarks
 
 Usage:
   cohort-bench chat     [flags]  the chat path: time to first chunk, relay cost, throughput, idle streams
+  cohort-bench e2e      [flags]  what a caller pays: the model directly, through Cohort, through a peer gateway
   cohort-bench fleet    [flags]  sleeping, waking and awake interns under one gateway
   cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions;
                                  --gateway: gateway, daemon and agent, through the chat API
@@ -62,11 +64,13 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("want chat, fleet, sessions, neighbour, mock-model, sse-serve or mock-daemon")
+		return errors.New("want chat, e2e, fleet, sessions, neighbour, mock-model, sse-serve or mock-daemon")
 	}
 	switch args[0] {
 	case "chat":
 		return benchChat(ctx, args[1:], stdout, stderr)
+	case "e2e":
+		return benchE2E(ctx, args[1:], stdout, stderr)
 	case "fleet":
 		return benchFleet(ctx, args[1:], stdout, stderr)
 	case "sessions":

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Defaults for Config fields left zero.
@@ -158,6 +157,8 @@ type Agent struct {
 
 	mu       sync.Mutex
 	sessions map[acp.SessionId]*session
+	// mcpSpecs are the tool lists of the MCP servers seen (mcp.go).
+	mcpSpecs map[string][]ToolSpec
 	sweep    sync.Once // starts forgetIdle
 	trimming atomic.Bool
 }
@@ -225,6 +226,10 @@ type session struct {
 	mcp []mcpTool
 	// used is when the session was last created, loaded or prompted.
 	used time.Time
+	// saved is how many messages of history its journal holds; -1 until
+	// this process first writes it (state.go). saveMu orders the saves.
+	saved  int
+	saveMu sync.Mutex
 }
 
 func (s *session) currentModel() string {
@@ -269,7 +274,7 @@ func (a *Agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	s := &session{id: acp.SessionId("sess_" + hex.EncodeToString(raw[:])), cwd: a.workDir(p.Cwd), mode: mode, model: model,
-		mcp: a.connectMCP(ctx, p.McpServers), used: time.Now()}
+		mcp: a.connectMCP(ctx, p.McpServers), used: time.Now(), saved: -1}
 	a.startForgetting()
 	a.mu.Lock()
 	a.sessions[s.id] = s
@@ -594,13 +599,13 @@ func (a *Agent) forget(cutoff time.Time, extra int) {
 	}
 }
 
-// closeMCP closes the client sessions behind tools (several tools share one).
+// closeMCP closes the connections behind tools (several tools share one).
 func closeMCP(tools []mcpTool) {
-	seen := map[*mcp.ClientSession]bool{}
+	var seen []*mcpConn
 	for _, t := range tools {
-		if t.cs != nil && !seen[t.cs] {
-			seen[t.cs] = true
-			t.cs.Close()
+		if t.conn != nil && !slices.Contains(seen, t.conn) {
+			seen = append(seen, t.conn)
+			t.conn.close()
 		}
 	}
 }

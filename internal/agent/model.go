@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +14,6 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/packages/param"
-	"github.com/openai/openai-go/v3/shared"
 )
 
 // Message is one entry of a session's conversation, in the shape of the
@@ -151,23 +150,18 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 	defer timer.Stop()
 	fired := func() bool { idleMu.Lock(); defer idleMu.Unlock(); return idleFired }
 
-	params := openai.ChatCompletionNewParams{
-		Model:         shared.ChatModel(req.Model),
-		Messages:      toOpenAIMessages(req.Messages),
-		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: param.NewOpt(true)},
+	body, err := requestBody(req)
+	if err != nil {
+		return ModelResponse{}, err
 	}
-	for _, t := range req.Tools {
-		params.Tools = append(params.Tools, openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
-			Name:        t.Name,
-			Description: param.NewOpt(t.Description),
-			Parameters:  shared.FunctionParameters(t.Parameters),
-		}))
-	}
-	// openai-go makes the request (auth, retries, HTTP errors); the event
-	// stream it returns is read here (stream.go): its generic chunk decoding
+	// openai-go makes the request (auth, retries, HTTP errors) with the
+	// body encoded here: its own encoding of the params was a fifth of the
+	// agent's CPU per turn (docs/benchmarks.md, issue 31). The event stream
+	// it returns is read here too (stream.go): its generic chunk decoding
 	// was the larger part of the agent's CPU per streamed chunk.
 	var raw *http.Response
-	stream := m.client.Chat.Completions.NewStreaming(callCtx, params, option.WithResponseInto(&raw))
+	stream := m.client.Chat.Completions.NewStreaming(callCtx, openai.ChatCompletionNewParams{},
+		option.WithRequestBody("application/json", body), option.WithResponseInto(&raw))
 	defer stream.Close()
 
 	var resp ModelResponse
@@ -176,7 +170,7 @@ func (m *OpenAIModel) Complete(ctx context.Context, req ModelRequest, emit func(
 	var calls []*partial
 	finished := false
 	out := mergedDeltas{emit: emit}
-	err := stream.Err()
+	err = stream.Err()
 	if err == nil && raw != nil && raw.Body != nil {
 		// Deltas that arrived together go out as one update: out holds
 		// them while the next event is already buffered, and sends them
@@ -307,31 +301,76 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-func toOpenAIMessages(msgs []Message) []openai.ChatCompletionMessageParamUnion {
-	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(msgs))
-	for _, m := range msgs {
+// wireRequest is the body of a streamed chat completion request, as
+// openai-go encodes its params: system, user and tool messages always carry
+// their content, an assistant message only when it has some; every tool
+// has a description.
+type wireRequest struct {
+	Messages      []wireMessage `json:"messages"`
+	Model         string        `json:"model"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Tools  []wireTool `json:"tools,omitempty"`
+	Stream bool       `json:"stream"`
+}
+
+type wireMessage struct {
+	Content    *string        `json:"content,omitempty"`
+	ToolCallID string         `json:"tool_call_id,omitempty"`
+	ToolCalls  []wireToolCall `json:"tool_calls,omitempty"`
+	Role       string         `json:"role"`
+}
+
+type wireToolCall struct {
+	ID       string `json:"id"`
+	Function struct {
+		Arguments string `json:"arguments"`
+		Name      string `json:"name"`
+	} `json:"function"`
+	Type string `json:"type"`
+}
+
+type wireTool struct {
+	Function struct {
+		Name        string         `json:"name"`
+		Description string         `json:"description"`
+		Parameters  map[string]any `json:"parameters"`
+	} `json:"function"`
+	Type string `json:"type"`
+}
+
+// requestBody encodes req with encoding/json.
+func requestBody(req ModelRequest) ([]byte, error) {
+	w := wireRequest{Model: req.Model, Messages: make([]wireMessage, 0, len(req.Messages)), Stream: true}
+	w.StreamOptions.IncludeUsage = true
+	for i := range req.Messages {
+		m := &req.Messages[i]
+		var wm wireMessage
 		switch m.Role {
-		case "system":
-			out = append(out, openai.SystemMessage(m.Content))
-		case "user":
-			out = append(out, openai.UserMessage(m.Content))
+		case "system", "user":
+			wm = wireMessage{Role: m.Role, Content: &m.Content}
 		case "tool":
-			out = append(out, openai.ToolMessage(m.Content, m.ToolCallID))
+			wm = wireMessage{Role: m.Role, Content: &m.Content, ToolCallID: m.ToolCallID}
 		case "assistant":
-			a := openai.ChatCompletionAssistantMessageParam{}
+			wm.Role = m.Role
 			if m.Content != "" {
-				a.Content.OfString = param.NewOpt(m.Content)
+				wm.Content = &m.Content
 			}
 			for _, tc := range m.ToolCalls {
-				a.ToolCalls = append(a.ToolCalls, openai.ChatCompletionMessageToolCallUnionParam{
-					OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
-						ID:       tc.ID,
-						Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: tc.Name, Arguments: tc.Arguments},
-					},
-				})
+				c := wireToolCall{ID: tc.ID, Type: "function"}
+				c.Function.Name, c.Function.Arguments = tc.Name, tc.Arguments
+				wm.ToolCalls = append(wm.ToolCalls, c)
 			}
-			out = append(out, openai.ChatCompletionMessageParamUnion{OfAssistant: &a})
+		default:
+			continue
 		}
+		w.Messages = append(w.Messages, wm)
 	}
-	return out
+	for _, t := range req.Tools {
+		wt := wireTool{Type: "function"}
+		wt.Function.Name, wt.Function.Description, wt.Function.Parameters = t.Name, t.Description, t.Parameters
+		w.Tools = append(w.Tools, wt)
+	}
+	return json.Marshal(w)
 }

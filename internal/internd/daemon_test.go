@@ -1,6 +1,7 @@
 package internd_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -807,11 +808,13 @@ func TestRestartKeepsSessions(t *testing.T) {
 				t.Fatal("a session/load replay leaked into the stream")
 			}
 			// The history survived the restart: both turns are on disk.
-			files, _ := filepath.Glob(filepath.Join(e.cfg.DataDir, "sessions", "*.json"))
-			if len(files) != 1 {
+			files, _ := filepath.Glob(filepath.Join(e.cfg.DataDir, "sessions", "*.json*"))
+			if len(files) != 1 || filepath.Ext(files[0]) != ".jsonl" {
 				t.Fatalf("session files: %v", files)
 			}
 			b, _ := os.ReadFile(files[0])
+			lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+			b = lines[len(lines)-1] // the journal's last record is the session
 			type turn struct{ Prompt, Reply, End string }
 			var rec struct {
 				ID    string `json:"id"`

@@ -46,10 +46,13 @@ type tools struct {
 	byToken map[[32]byte]*toolBinding
 }
 
-// toolBinding ties a credential to a daemon session.
+// toolBinding ties a credential to a daemon session. Its MCP server is
+// built on the session's first MCP request (t.mu): the built-in agent
+// connects only when the model calls a tool, and most sessions never do.
 type toolBinding struct {
-	s   *session
-	srv *mcp.Server
+	s       *session
+	srv     *mcp.Server
+	dropped bool // its credential was replaced or forgotten
 }
 
 func (d *Daemon) startTools() error {
@@ -99,6 +102,15 @@ func (t *tools) server(r *http.Request) *mcp.Server {
 	if b == nil {
 		return nil
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b.dropped {
+		return nil
+	}
+	if b.srv == nil {
+		b.srv = mcp.NewServer(&mcp.Implementation{Name: "cohort-intern", Version: "1"}, nil)
+		b.srv.AddTool(&mcp.Tool{Name: httptool.Name, Description: httptool.Description, InputSchema: httptool.InputSchema}, t.handler(b.s))
+	}
 	return b.srv
 }
 
@@ -109,11 +121,9 @@ func (t *tools) bind(s *session) acp.McpServer {
 	var raw [32]byte
 	rand.Read(raw[:])
 	tok := base64.RawURLEncoding.EncodeToString(raw[:])
-	srv := mcp.NewServer(&mcp.Implementation{Name: "cohort-intern", Version: "1"}, nil)
-	srv.AddTool(&mcp.Tool{Name: httptool.Name, Description: httptool.Description, InputSchema: httptool.InputSchema}, t.handler(s))
 	t.mu.Lock()
 	old := t.dropLocked(s)
-	t.byToken[sha256.Sum256([]byte(tok))] = &toolBinding{s: s, srv: srv}
+	t.byToken[sha256.Sum256([]byte(tok))] = &toolBinding{s: s}
 	t.mu.Unlock()
 	closeSessions(old)
 	return acp.McpServer{Http: &acp.McpServerHttpInline{Type: "http", Name: MCPServerName, Url: t.url,
@@ -141,7 +151,10 @@ func (t *tools) dropLocked(s *session) []*mcp.Server {
 	for k, b := range t.byToken {
 		if b.s == s {
 			delete(t.byToken, k)
-			out = append(out, b.srv)
+			b.dropped = true
+			if b.srv != nil {
+				out = append(out, b.srv)
+			}
 		}
 	}
 	return out

@@ -1,6 +1,7 @@
 package internd
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -39,12 +40,8 @@ const maxAsked = 64
 
 // asked reports whether the stored session once asked interaction ia.
 func (f *fileStore) asked(id, ia string) bool {
-	b, err := os.ReadFile(f.path(id))
-	if err != nil {
-		return false
-	}
-	var rec sessionRecord
-	if json.Unmarshal(b, &rec) != nil || rec.ID != id {
+	rec, _, err := f.read(id)
+	if err != nil || rec == nil {
 		return false
 	}
 	for _, a := range rec.Asked {
@@ -64,8 +61,22 @@ type turnRecord struct {
 	At     time.Time `json:"at"`
 }
 
-// fileStore keeps session records in <dir>/sessions.
+// fileStore keeps session records in <dir>/sessions, one journal per
+// session (<hash>.jsonl): each update appends the whole record as one
+// line, and the last complete line is the record. Now and then the journal
+// is compacted to its last record (a new file renamed over it).
+//
+// An append, not a rewrite: replacing the file by rename on every update
+// made ext4 allocate and queue the new file's blocks at once and discard
+// the old ones, about 0.5 ms of system CPU per update on the bench
+// machine, two updates per new-session turn. The record is still written
+// before the caller hears of it (no fsync, as before); a line cut short
+// by a crash has no newline and is not read.
 type fileStore struct{ dir string }
+
+// compactAt is the journal size past which an update compacts it rather
+// than append: 64 KiB, or four records when records are larger.
+func compactAt(record int) int64 { return max(64<<10, 4*int64(record)) }
 
 func newFileStore(dataDir string) (*fileStore, error) {
 	dir := filepath.Join(dataDir, "sessions")
@@ -75,20 +86,79 @@ func newFileStore(dataDir string) (*fileStore, error) {
 	return &fileStore{dir: dir}, nil
 }
 
-// path names a session's file by a hash of its id: ids are client-chosen
-// strings and must never become path components.
-func (f *fileStore) path(id string) string {
+// path names a session's journal by a hash of its id: ids are
+// client-chosen strings and must never become path components.
+func (f *fileStore) path(id string) string { return f.name(id, ".jsonl") }
+
+// legacyPath is the whole-record file earlier daemons wrote; it is read
+// until the session's first update moves it to a journal.
+func (f *fileStore) legacyPath(id string) string { return f.name(id, ".json") }
+
+func (f *fileStore) name(id, ext string) string {
 	h := sha256.Sum256([]byte(id))
-	return filepath.Join(f.dir, hex.EncodeToString(h[:16])+".json")
+	return filepath.Join(f.dir, hex.EncodeToString(h[:16])+ext)
 }
 
-// save writes rec atomically (temporary file, then rename).
-func (f *fileStore) save(rec *sessionRecord) error {
+// read returns the session's record as stored (nil when there is none) and
+// the size of its journal (-1 when the journal needs rewriting: absent, or
+// ending in a torn line).
+func (f *fileStore) read(id string) (*sessionRecord, int64, error) {
+	b, err := os.ReadFile(f.path(id))
+	size := int64(len(b))
+	if errors.Is(err, os.ErrNotExist) {
+		b, err = os.ReadFile(f.legacyPath(id))
+		size = -1
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, -1, nil
+		}
+	} else if len(b) > 0 && b[len(b)-1] != '\n' {
+		size = -1 // an update cut short: the next one rewrites the journal
+	}
+	if err != nil {
+		return nil, -1, err
+	}
+	b = bytes.TrimRight(b, "\n")
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		line := b[i+1:]
+		if size < 0 && json.Unmarshal(line, new(sessionRecord)) != nil {
+			b = b[:i] // the torn line: the one before it is the record
+			if i = bytes.LastIndexByte(b, '\n'); i >= 0 {
+				line = b[i+1:]
+			} else {
+				line = b
+			}
+		}
+		b = line
+	}
+	var rec sessionRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
+		return nil, size, errors.Join(fmt.Errorf("session file %s unreadable", filepath.Base(f.path(id))), err)
+	}
+	return &rec, size, nil
+}
+
+// save stores rec: appended to its journal of size bytes, or (size < 0, or
+// past compactAt) written as a new journal renamed over the old one.
+func (f *fileStore) save(rec *sessionRecord, size int64) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
+	b = append(b, '\n')
 	p := f.path(rec.ID)
+	if size >= 0 && size+int64(len(b)) <= compactAt(len(b)) {
+		w, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err == nil {
+			_, err = w.Write(b)
+			if cerr := w.Close(); err == nil {
+				err = cerr
+			}
+			return err
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
 	tmp, err := os.CreateTemp(f.dir, ".tmp-*")
 	if err != nil {
 		return err
@@ -102,21 +172,24 @@ func (f *fileStore) save(rec *sessionRecord) error {
 		os.Remove(tmp.Name())
 		return err
 	}
-	return os.Rename(tmp.Name(), p)
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	os.Remove(f.legacyPath(rec.ID)) // moved to the journal, if it was there
+	return nil
 }
 
 // update applies fn to the session's record as stored (a fresh one if
 // none is) and saves it. The daemon keeps no history in memory; a session
 // has one turn at a time, so its updates never race.
 func (f *fileStore) update(id string, fn func(*sessionRecord)) error {
-	rec := &sessionRecord{ID: id}
-	if b, err := os.ReadFile(f.path(id)); err == nil {
-		if json.Unmarshal(b, rec) != nil || rec.ID != id {
-			rec = &sessionRecord{ID: id}
-		}
+	rec, size, err := f.read(id)
+	if rec == nil || err != nil {
+		rec, size = &sessionRecord{ID: id}, -1
 	}
 	fn(rec)
-	return f.save(rec)
+	return f.save(rec, size)
 }
 
 // count is the number of sessions kept (their files).
@@ -127,7 +200,7 @@ func (f *fileStore) count() int {
 	}
 	n := 0
 	for _, e := range entries {
-		if !e.IsDir() && filepath.Ext(e.Name()) == ".json" {
+		if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".jsonl" || ext == ".json") {
 			n++
 		}
 	}
@@ -137,19 +210,12 @@ func (f *fileStore) count() int {
 // load reads a session's record without its history (nil when there is
 // none).
 func (f *fileStore) load(id string) (*sessionRecord, error) {
-	b, err := os.ReadFile(f.path(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+	rec, _, err := f.read(id)
+	if rec == nil || err != nil {
 		return nil, err
 	}
-	var rec sessionRecord
-	if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
-		return nil, errors.Join(fmt.Errorf("session file %s unreadable", filepath.Base(f.path(id))), err)
-	}
 	rec.Turns = nil // history stays on disk
-	return &rec, nil
+	return rec, nil
 }
 
 // addTurn appends a turn to rec, keeping the history bounded.

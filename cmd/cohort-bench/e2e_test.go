@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchE2E runs `cohort-bench e2e` small against real processes (the
+// mock model, a gateway, a daemon beside it and its agent), with the guard's
+// lines: every path answers, every paced chunk arrives through Cohort (the
+// command fails otherwise), and the figures the guard reads are there.
+func TestBenchE2E(t *testing.T) {
+	bin := cohortBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errs strings.Builder
+	err := benchE2E(ctx, []string{"--cohort", bin, "--provisioner", "remote", "--peer-dir=", "--guard", "--turns", "5",
+		"--paced-chunks", "20", "--paced-streams", "2", "--paced-rounds", "1"}, &out, &errs)
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errs.String())
+	}
+	o := out.String()
+	for _, re := range []string{`processes: gateway \d+, daemon \d+, agent \d+, model \d+`,
+		`(?m)^Cohort, new session\s+\S+\s+\S+\s+\S+\s+\S+$`, `(?m)^Cohort, continued session\s+\S+\s+\S+\s+\S+\s+\S+$`,
+		`(?m)^Cohort, new session\s+path \S+\s+\(gateway \S+, daemon \S+, agent \S+, model \S+\)`,
+		`(?m)^BenchmarkE2E/paced_cpu_per_chunk/cohort 1 [1-9]\d* ns/op$`, `(?m)^BenchmarkE2E/paced_cpu_per_chunk/model 1 [1-9]\d* ns/op$`,
+		`(?m)^BenchmarkE2E/ttfc_p50/cohort_continued 1 [1-9]\d* ns/op$`, `(?m)^BenchmarkE2E/ttfc_p50/model 1 [1-9]\d* ns/op$`} {
+		if !regexp.MustCompile(re).MatchString(o) {
+			t.Errorf("output lacks %s:\n%s", re, o)
+		}
+	}
+}
+
+// TestBenchE2ERefusesUnknownProvisioner: a mistyped --provisioner is an
+// error before any process starts.
+func TestBenchE2ERefusesUnknownProvisioner(t *testing.T) {
+	var out, errs strings.Builder
+	err := benchE2E(context.Background(), []string{"--provisioner", "jail"}, &out, &errs)
+	if err == nil || !strings.Contains(err.Error(), "--provisioner must be local or remote") || out.Len() != 0 {
+		t.Fatalf("err %v, output %q", err, out.String())
+	}
+}
