@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,12 +15,15 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/kubetest"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/kubepods"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/server"
@@ -50,6 +54,8 @@ type host interface {
 	register(t *testing.T, p *provision.Provisioner, id string)
 	// crash ends the intern's daemon behind the gateway's back.
 	crash(t *testing.T, b provision.Backend, id string)
+	// gatewayAt says where the gateway under test listens.
+	gatewayAt(url string)
 	// kept reports whether the intern's files are on the host.
 	kept(id string) bool
 	// done lets the host's daemons go at the end of the test.
@@ -267,6 +273,7 @@ func suiteHosts(t *testing.T) map[string]func(t *testing.T) host {
 		"localjail": newLocalHost,
 		"remote":    func(t *testing.T) host { return newInprocHost(t, true) },
 		"fake":      func(t *testing.T) host { return newInprocHost(t, false) },
+		"kubepods":  newKubeHost,
 	}
 }
 
@@ -280,6 +287,7 @@ func TestBackendConformance(t *testing.T) {
 			f := &suiteFleet{h: h, db: db}
 			f.e = testenv.New(t, db, func(s *server.Server) {})
 			f.id = f.e.InternID
+			h.gatewayAt(f.e.URL)
 			f.serve(newSuiteFleet(t, f.e, h.backend(t)))
 			t.Cleanup(func() {
 				h.done(f.prov.Backend)
@@ -328,6 +336,7 @@ func (h *localHost) backend(*testing.T) provision.Backend {
 func (h *localHost) kept(id string) bool {
 	return exists(filepath.Join(h.dataDir, "interns", id, "sessions"))
 }
+func (*localHost) gatewayAt(string)                                    {}
 func (*localHost) hosts() bool                                         { return true }
 func (*localHost) replicas() bool                                      { return false }
 func (*localHost) register(*testing.T, *provision.Provisioner, string) {}
@@ -446,6 +455,7 @@ func (h *inprocHost) crash(t *testing.T, _ provision.Backend, id string) {
 }
 
 func (*inprocHost) done(provision.Backend) {}
+func (*inprocHost) gatewayAt(string)       {}
 
 // fakeBackend is a fourth backend, whole in this file: daemons in this
 // process, their files in a directory, a claim per intern across the
@@ -545,3 +555,53 @@ func (b *fakeBackend) Remove(ctx context.Context, id string) error {
 
 // Close leaves the daemons to the host, as Pods outlive their gateway.
 func (*fakeBackend) Close() {}
+
+// kubeHost is a real API server (internal/kubetest) whose fake kubelet
+// runs the interns' Pods as processes of this machine.
+type kubeHost struct {
+	kc      *kubetest.Cluster
+	node    *kubetest.Node
+	gateway string
+}
+
+const suiteKubeNS = "cohort-interns"
+
+func newKubeHost(t *testing.T) host {
+	kc := kubetest.Start(t)
+	kc.Namespace(t, suiteKubeNS)
+	node := &kubetest.Node{Client: kc.Client, Namespace: suiteKubeNS, Dir: t.TempDir(),
+		Binaries: map[string]string{"/cohort": cohortBinary(t)}}
+	node.Start(t)
+	return &kubeHost{kc: kc, node: node}
+}
+
+func (h *kubeHost) backend(t *testing.T) provision.Backend {
+	return &kubepods.Backend{Config: kubepods.Config{REST: h.kc.Config, Namespace: suiteKubeNS, Image: "ghcr.io/cohort-dev/cohort:test",
+		GatewayURL: h.gateway + server.Prefix, RelayURL: h.gateway + kubepods.RelayPath, WakeTimeout: waitLimit, LeaseDuration: 5 * time.Second}}
+}
+func (h *kubeHost) gatewayAt(url string)                              { h.gateway = url }
+func (*kubeHost) hosts() bool                                         { return true }
+func (*kubeHost) replicas() bool                                      { return true }
+func (*kubeHost) register(*testing.T, *provision.Provisioner, string) {}
+func (*kubeHost) done(provision.Backend)                              {}
+
+// kept: the intern's claim is there.
+func (h *kubeHost) kept(id string) bool {
+	_, err := h.kc.Client.CoreV1().PersistentVolumeClaims(suiteKubeNS).Get(context.Background(), "intern-"+id, metav1.GetOptions{})
+	return err == nil
+}
+
+// crash kills the Pod's daemon process: its Pod ends (Failed).
+func (*kubeHost) crash(t *testing.T, _ provision.Backend, id string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "\x00intern\x00") || !strings.Contains(string(b), "--intern-id\x00"+id+"\x00") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		syscall.Kill(pid, syscall.SIGKILL)
+		return
+	}
+	t.Fatal("no daemon process of the intern's Pod")
+}
