@@ -49,6 +49,9 @@ type host interface {
 	// replicas: gateways on two machines may share it (local jails are
 	// one machine's, one gateway's).
 	replicas() bool
+	// outlives: its daemons outlive their gateway, for the next to adopt
+	// (unjailed children die with theirs).
+	outlives() bool
 	// register has the operator run and register the intern's daemon
 	// (remote only).
 	register(t *testing.T, p *provision.Provisioner, id string)
@@ -215,6 +218,9 @@ var lifecycle = []struct {
 		if !strings.Contains(out, "after the restart") {
 			t.Fatalf("turn after the restart: %s", out)
 		}
+		if !f.h.outlives() {
+			return
+		}
 		if after := loadIntern(t, f.db, f.id); after.DaemonURL != before.DaemonURL || after.DaemonSecret != before.DaemonSecret {
 			t.Fatalf("the daemon was replaced, not adopted: %s → %s", before.DaemonURL, after.DaemonURL)
 		}
@@ -270,10 +276,11 @@ var lifecycle = []struct {
 // its package but the line that names it.
 func suiteHosts(t *testing.T) map[string]func(t *testing.T) host {
 	return map[string]func(t *testing.T) host{
-		"localjail": newLocalHost,
-		"remote":    func(t *testing.T) host { return newInprocHost(t, true) },
-		"fake":      func(t *testing.T) host { return newInprocHost(t, false) },
-		"kubepods":  newKubeHost,
+		"localjail":   func(t *testing.T) host { return newLocalHost(t, true) },
+		"localshared": func(t *testing.T) host { return newLocalHost(t, false) },
+		"remote":      func(t *testing.T) host { return newInprocHost(t, true) },
+		"fake":        func(t *testing.T) host { return newInprocHost(t, false) },
+		"kubepods":    newKubeHost,
 	}
 }
 
@@ -306,21 +313,26 @@ func TestBackendConformance(t *testing.T) {
 	}
 }
 
-// localHost is this machine, its interns jailed; its jails outlive their
-// gateway for a minute, so that the next one adopts them.
+// localHost is this machine, its interns jailed (their jails outlive
+// their gateway for a minute, so that the next one adopts them) or, as
+// with --unsafe-shared-host, children of the gateway.
 type localHost struct {
 	dataDir, bin string
 	jail         *localjail.JailConfig
 }
 
-func newLocalHost(t *testing.T) host {
+func newLocalHost(t *testing.T, jailed bool) host {
+	dir := t.TempDir()
+	h := &localHost{dataDir: dir, bin: cohortBinary(t)}
+	if !jailed {
+		return h
+	}
 	relay, err := egress.New(egress.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { relay.Close() })
-	dir := t.TempDir()
-	h := &localHost{dataDir: dir, bin: cohortBinary(t), jail: &localjail.JailConfig{Relay: relay, Hide: localjail.HiddenPaths(dir), Orphan: time.Minute}}
+	h.jail = &localjail.JailConfig{Relay: relay, Hide: localjail.HiddenPaths(dir), Orphan: time.Minute}
 	if err := h.backend(t).(*localjail.Backend).ProbeJail(); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal(err)
@@ -339,6 +351,7 @@ func (h *localHost) kept(id string) bool {
 func (*localHost) gatewayAt(string)                                    {}
 func (*localHost) hosts() bool                                         { return true }
 func (*localHost) replicas() bool                                      { return false }
+func (h *localHost) outlives() bool                                    { return h.jail != nil }
 func (*localHost) register(*testing.T, *provision.Provisioner, string) {}
 func (*localHost) crash(t *testing.T, b provision.Backend, id string) {
 	pid := b.(*localjail.Backend).DaemonPID(id)
@@ -349,7 +362,11 @@ func (*localHost) crash(t *testing.T, b provision.Backend, id string) {
 }
 
 // done: the last gateway stops its jails with it.
-func (h *localHost) done(provision.Backend) { h.jail.Orphan = 0 }
+func (h *localHost) done(provision.Backend) {
+	if h.jail != nil {
+		h.jail.Orphan = 0
+	}
+}
 
 // inprocHost runs daemons in the test's own process, each on a loopback
 // listener with its directory under dir: for the remote backend, as the
@@ -420,6 +437,7 @@ func (h *inprocHost) backend(*testing.T) provision.Backend {
 func (h *inprocHost) hosts() bool         { return !h.remote }
 func (h *inprocHost) kept(id string) bool { return exists(filepath.Join(h.dir, id, "sessions")) }
 func (*inprocHost) replicas() bool        { return true }
+func (*inprocHost) outlives() bool        { return true }
 
 // register runs the intern's daemon as an operator would and registers it.
 func (h *inprocHost) register(t *testing.T, p *provision.Provisioner, id string) {
@@ -581,6 +599,7 @@ func (h *kubeHost) backend(t *testing.T) provision.Backend {
 }
 func (h *kubeHost) gatewayAt(url string)                              { h.gateway = url }
 func (*kubeHost) hosts() bool                                         { return true }
+func (*kubeHost) outlives() bool                                      { return true }
 func (*kubeHost) replicas() bool                                      { return true }
 func (*kubeHost) register(*testing.T, *provision.Provisioner, string) {}
 func (*kubeHost) done(provision.Backend)                              {}
