@@ -287,6 +287,9 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 		if !needs {
 			continue
 		}
+		if missing && complete && !p.gone(in.ID) {
+			continue // it came up since the look above
+		}
 		f.mu.Lock()
 		m := f.mem(in.ID)
 		acting := f.acting[in.ID] != nil
@@ -341,6 +344,32 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// gone reports whether the backend sees no daemon of the intern now.
+func (p *Provisioner) gone(id string) bool {
+	obs, _ := p.Backend.Observe()
+	for _, o := range obs {
+		if o.ID == id && o.Running {
+			return false
+		}
+	}
+	return true
+}
+
+// current reports whether the backend sees the running intern's daemon
+// ready where its row says, running what its row says.
+func (p *Provisioner) current(in *store.Intern) bool {
+	obs, complete := p.Backend.Observe()
+	if !complete {
+		return false
+	}
+	for _, o := range obs {
+		if o.ID == in.ID {
+			return o.Running && o.Ready && o.URL == in.DaemonURL && o.Runs == p.Backend.Fingerprint(specOf(in))
+		}
+	}
+	return false
 }
 
 // awake reports whether the intern's daemon exists or is being started.
@@ -531,6 +560,9 @@ func (p *Provisioner) act(id string, start bool) *action {
 		a.err = err
 		f.mu.Unlock()
 		close(a.done)
+		// The row may have changed while the action ran on what it read
+		// (a resume during a suspend's stop): a pass looks again.
+		p.nudge()
 	}()
 	return a
 }
@@ -555,6 +587,8 @@ func (p *Provisioner) carry(ctx context.Context, id string) error {
 		return p.Backend.Remove(ctx, id)
 	case err != nil:
 		return err
+	case in.State == store.InternRunning && p.current(in):
+		return nil // the daemon came up since whoever called looked
 	case in.State == store.InternProvisioning || in.State == store.InternRunning:
 		return p.ensure(ctx, in)
 	default:
