@@ -14,6 +14,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/browsertest"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -65,7 +66,7 @@ func TestChatPermissionPause(t *testing.T) {
 	bin := cohortBinary(t)
 	var prov *provision.Provisioner
 	e := testenv.New(t, storetest.SQLite(t), func(s *server.Server) {
-		prov = &provision.Provisioner{DB: s.DB, KEK: s.KEK, Log: s.Log, Mode: provision.Local, DataDir: t.TempDir(), Command: []string{bin}}
+		prov = &provision.Provisioner{DB: s.DB, KEK: s.KEK, Log: s.Log, Backend: &localjail.Backend{DataDir: t.TempDir(), Command: []string{bin}}}
 		s.Provisioner, s.Interns.Lifecycle, s.Chat.Daemons = prov, prov, prov
 	})
 	t.Cleanup(prov.Close)

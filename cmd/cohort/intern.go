@@ -22,6 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
@@ -264,8 +265,8 @@ func internRegister(ctx context.Context, e *adminEnv) error {
 	if err != nil {
 		return err
 	}
-	p := &provision.Provisioner{DB: e.db, KEK: kek, Mode: provision.Remote}
-	in, err := p.Register(ctx, e.f.id, e.f.url, secret)
+	p := &provision.Provisioner{DB: e.db, KEK: kek, Backend: &remote.Backend{}}
+	in, err := remote.Register(ctx, p, e.f.id, e.f.url, secret)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
@@ -30,7 +31,7 @@ const modelKeyPlaceholder = provision.KeyPlaceholder
 // settings (server.New probes that this machine can make it: it fails
 // closed, naming what is missing). Its relays are open until the
 // returned function closes them.
-func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*provision.JailConfig, func(), error) {
+func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, func(), error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
@@ -57,9 +58,9 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*provision.Ja
 	if err != nil {
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &provision.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
+	jc := &localjail.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
 		Orphan: cfg.JailOrphanTimeout, Limits: jailLimits(cfg.InternLimits),
-		Hide: provision.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
+		Hide: localjail.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
 	if cfg.AgentAPIKey != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
@@ -151,19 +152,19 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	defer relay.Close()
-	jc := provision.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.readOnly,
-		Hide: provision.HiddenPaths(append(o.hide, binaryDir()...)...), Limits: jailLimits(o.limits)}
+	jc := localjail.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.readOnly,
+		Hide: localjail.HiddenPaths(append(o.hide, binaryDir()...)...), Limits: jailLimits(o.limits)}
 	if key != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		return err
 	}
-	dj := provision.DaemonJail{InternID: o.internID, Model: o.model, HostDir: dir, Self: []string{self}, DaemonArgs: o.args, JailConfig: jc}
+	dj := localjail.DaemonJail{InternID: o.internID, Model: o.model, HostDir: dir, Self: []string{self}, DaemonArgs: o.args, JailConfig: jc}
 	if err := jail.Probe(dj.Spec()); err != nil {
 		return fmt.Errorf("this machine cannot make the jail: %w", err)
 	}
-	for _, w := range provision.LimitWarnings(jc.Limits) {
+	for _, w := range localjail.LimitWarnings(jc.Limits) {
 		log.Warn("a limit of the jail is not enforced on this host", "limit", w)
 	}
 	ln, err := net.Listen("tcp", o.listen)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
-	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/kubepods"
 	"github.com/cohort-dev/cohort/internal/server"
 )
 
@@ -46,7 +46,7 @@ func kubeFlags(fs *flag.FlagSet) *kubeSettings {
 }
 
 // build checks the flags and connects to the cluster.
-func (s *kubeSettings) build() (*provision.KubeConfig, error) {
+func (s *kubeSettings) build() (*kubepods.Config, error) {
 	if *s.image == "" {
 		return nil, fmt.Errorf("--kube-image (COHORT_KUBE_IMAGE) is required with --provisioner kubernetes")
 	}
@@ -54,8 +54,8 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 		return nil, fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
 	}
 	root := strings.TrimRight(*s.gatewayURL, "/")
-	kc := &provision.KubeConfig{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
-		GatewayURL: root + server.Prefix, RelayURL: root + provision.RelayPath, Identity: os.Getenv("POD_NAME"),
+	kc := &kubepods.Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
+		GatewayURL: root + server.Prefix, RelayURL: root + kubepods.RelayPath, Identity: os.Getenv("POD_NAME"),
 		Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
 		flag, env, v string
@@ -107,12 +107,12 @@ func (s *kubeSettings) build() (*provision.KubeConfig, error) {
 }
 
 // podRelay is the model relay of intern Pods, served on the gateway's own
-// listener (provision.RelayPath, through the provisioner's
+// listener (kubepods.RelayPath, through the provisioner's
 // PodModelRelay): the operator's model endpoint and key
 // (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, as for jails), and
 // each third-party agent's endpoint with its key from the intern's vault.
 // It sets what Pods need to know of it in kc.
-func podRelay(kc *provision.KubeConfig, cfg config.Config, log *slog.Logger) (*egress.Relay, error) {
+func podRelay(kc *kubepods.Config, cfg config.Config, log *slog.Logger) (*egress.Relay, error) {
 	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
 		Placeholder: modelKeyPlaceholder, Log: log.With("component", "egress")})
 	if err != nil {
@@ -131,7 +131,7 @@ func withPodRelay(api, relay http.Handler) http.Handler {
 		return api
 	}
 	mux := http.NewServeMux()
-	mux.Handle(provision.RelayPath, relay)
+	mux.Handle(kubepods.RelayPath, relay)
 	mux.Handle("/", api)
 	return mux
 }

@@ -19,7 +19,9 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/metrics"
-	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/kubepods"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -67,10 +69,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var err error
-	var kubeCfg *provision.KubeConfig
+	var kubeCfg *kubepods.Config
 	switch cfg.Provisioner {
-	case provision.Local, provision.Remote:
-	case provision.Kubernetes:
+	case localjail.Name, remote.Name:
+	case kubepods.Name:
 		if kubeCfg, err = kube.build(); err != nil {
 			return err
 		}
@@ -120,8 +122,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ln.Close()
-	var jc *provision.JailConfig
-	if cfg.Provisioner == provision.Local && !cfg.UnsafeSharedHost {
+	var jc *localjail.JailConfig
+	if cfg.Provisioner == localjail.Name && !cfg.UnsafeSharedHost {
 		// The data directory exists before the jail's hidden paths are
 		// resolved (through symlinks too); it is created empty.
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -173,15 +175,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	deps.GatewayURL = localGatewayURL(ln.Addr())
 	var podModels *egress.Relay
 	switch {
-	case cfg.Provisioner == provision.Kubernetes:
+	case cfg.Provisioner == kubepods.Name:
 		if podModels, err = podRelay(kubeCfg, cfg, log); err != nil {
 			return err
 		}
 		defer podModels.Close()
 		deps.Kube = kubeCfg
-	case cfg.Provisioner == provision.Local && cfg.UnsafeSharedHost:
+	case cfg.Provisioner == localjail.Name && cfg.UnsafeSharedHost:
 		fmt.Fprintln(stderr, "WARNING: "+server.UnsafeSharedHostWarning)
-	case cfg.Provisioner == provision.Local:
+	case cfg.Provisioner == localjail.Name:
 		deps.Jail, deps.JailProbed = jc, true
 	}
 	srv, err := server.New(ctx, cfg, deps)
@@ -201,8 +203,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	h := srv.Handler()
-	if podModels != nil {
-		h = withPodRelay(h, srv.Provisioner.PodModelRelay(podModels))
+	if kb, ok := srv.Backend.(*kubepods.Backend); ok && podModels != nil {
+		h = withPodRelay(h, kb.PodModelRelay(srv.Provisioner, podModels))
 	}
 	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(h), log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)

@@ -9,74 +9,90 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 )
 
-// KeyPlaceholder is the model key agents in a jail send: the model relay
-// puts the real one in its place, so the key never enters the jail.
+// KeyPlaceholder is the model key agents in a jail or Pod send: the model
+// relay puts the real one in its place, so the key never enters either.
 const KeyPlaceholder = "cohort-jail-placeholder-model-key"
 
-// agentRun is how one intern's daemon runs its agent: `cohort intern`
-// flags, and for a third-party agent its own model endpoint.
-type agentRun struct {
-	flags []string
-	// upstream is a third-party agent's model endpoint ("" for the
-	// built-in agent, which uses the gateway's) and keySecret the vault
+// AgentRun is how one intern's daemon runs its agent: `cohort intern`
+// flags, and for a third-party agent its own model endpoint. Backends that
+// start daemons share it.
+type AgentRun struct {
+	Flags []string
+	// Upstream is a third-party agent's model endpoint ("" for the
+	// built-in agent, which uses the gateway's) and KeySecret the vault
 	// secret the relay substitutes for the placeholder.
-	upstream, keySecret string
-	// modules is the node_modules directory the jail must show.
-	modules string
+	Upstream, KeySecret string
+	// Modules is the node_modules directory the jail must show.
+	Modules string
 }
 
-// agentFor resolves an intern's agent name through the operator's catalog.
-func (p *Provisioner) agentFor(name string, jailed bool) (agentRun, error) {
-	r, err := p.Agents.Resolve(name)
+// Agents is the operator's agent settings, shared by the backends that
+// start daemons.
+type Agents struct {
+	// Catalog is the operator's catalog: what an intern's agent name runs.
+	Catalog agents.Catalog
+	// Command, when set, is passed to daemons as --agent-command: what an
+	// intern runs whose agent is the built-in one.
+	Command string
+	// ModelKey releases an intern's vault secret name for a request to
+	// host: the model key of a third-party agent, which the model relay
+	// puts in place of the placeholder (vault.Service.Release).
+	ModelKey func(ctx context.Context, internID, name, host string) (string, error)
+}
+
+// For resolves an intern's agent name through the operator's catalog;
+// jailed: behind a model relay that adds the key.
+func (a Agents) For(name string, jailed bool) (AgentRun, error) {
+	r, err := a.Catalog.Resolve(name)
 	if err != nil {
-		return agentRun{}, err
+		return AgentRun{}, err
 	}
-	run, err := p.agentRun(r, jailed)
-	if m := p.Agents.AuthMethods[r.Name]; m != "" && err == nil {
-		run.flags = append(run.flags, "--agent-auth-method", m)
+	run, err := a.run(r, jailed)
+	if m := a.Catalog.AuthMethods[r.Name]; m != "" && err == nil {
+		run.Flags = append(run.Flags, "--agent-auth-method", m)
 	}
 	return run, err
 }
 
-func (p *Provisioner) agentRun(r agents.Resolved, jailed bool) (agentRun, error) {
+func (a Agents) run(r agents.Resolved, jailed bool) (AgentRun, error) {
 	switch {
 	case r.Profile != nil:
-		run := agentRun{upstream: r.Endpoint, keySecret: r.Profile.KeySecret, modules: p.Agents.Modules,
-			flags: []string{"--agent", r.Name, "--agent-modules", p.Agents.Modules}}
+		run := AgentRun{Upstream: r.Endpoint, KeySecret: r.Profile.KeySecret, Modules: a.Catalog.Modules,
+			Flags: []string{"--agent", r.Name, "--agent-modules", a.Catalog.Modules}}
 		if jailed {
-			run.flags = append(run.flags, "--agent-key-placeholder", KeyPlaceholder)
+			run.Flags = append(run.Flags, "--agent-key-placeholder", KeyPlaceholder)
 		} else {
 			// Unjailed there is no relay to add the key: the agent calls its
 			// endpoint directly and gets none (docs/agents.md).
-			run.flags = append(run.flags, "--agent-base-url", r.Endpoint)
+			run.Flags = append(run.Flags, "--agent-base-url", r.Endpoint)
 		}
 		return run, nil
 	case len(r.Command) > 0:
-		return agentRun{flags: []string{"--agent-command", strings.Join(r.Command, " ")}}, nil
-	case p.AgentCommand != "":
-		return agentRun{flags: []string{"--agent-command", p.AgentCommand}}, nil
+		return AgentRun{Flags: []string{"--agent-command", strings.Join(r.Command, " ")}}, nil
+	case a.Command != "":
+		return AgentRun{Flags: []string{"--agent-command", a.Command}}, nil
 	}
-	return agentRun{}, nil
+	return AgentRun{}, nil
 }
 
-// modelKey is a jail's key lookup for its own upstream: the intern's vault
-// secret keySecret, released only for the upstream's exact host (audited
-// like every release).
-func (p *Provisioner) modelKey(internID string, run agentRun) func(context.Context) (string, error) {
+// ModelKeyFor is a relay's key lookup for run's own upstream: the intern's
+// vault secret KeySecret, released only for the upstream's exact host
+// (audited like every release).
+func (a Agents) ModelKeyFor(internID string, run AgentRun) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
-		if run.keySecret == "" {
+		if run.KeySecret == "" {
 			return "", nil
 		}
-		u, err := url.Parse(run.upstream)
+		u, err := url.Parse(run.Upstream)
 		if err != nil {
 			return "", err
 		}
-		if p.ModelKey == nil {
-			return "", fmt.Errorf("no vault: the intern's %s cannot be looked up", run.keySecret)
+		if a.ModelKey == nil {
+			return "", fmt.Errorf("no vault: the intern's %s cannot be looked up", run.KeySecret)
 		}
-		v, err := p.ModelKey(ctx, internID, run.keySecret, u.Hostname())
+		v, err := a.ModelKey(ctx, internID, run.KeySecret, u.Hostname())
 		if err != nil {
-			return "", fmt.Errorf("the intern has no vault secret %s released to %s (store it with hosts [%q])", run.keySecret, u.Hostname(), u.Hostname())
+			return "", fmt.Errorf("the intern has no vault secret %s released to %s (store it with hosts [%q])", run.KeySecret, u.Hostname(), u.Hostname())
 		}
 		return v, nil
 	}

@@ -61,7 +61,7 @@ func waitStarted(b *testing.B, prov *provision.Provisioner, id string, jailed bo
 	ctx := context.Background()
 	for time.Now().Before(deadline) {
 		time.Sleep(2 * time.Millisecond)
-		pid := prov.DaemonPID(id)
+		pid := local(prov).DaemonPID(id)
 		if pid == 0 {
 			continue
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -35,8 +36,8 @@ func localEnv(t testing.TB, db *bun.DB, jailed bool, tune func(*provision.Provis
 	dataDir := t.TempDir()
 	var prov *provision.Provisioner
 	e := testenv.New(t, db, func(s *server.Server) {
-		prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Local, DataDir: dataDir,
-			Command: []string{bin}, RestartBackoff: 100 * time.Millisecond}
+		prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, RestartBackoff: 100 * time.Millisecond,
+			Backend: &localjail.Backend{DataDir: dataDir, Command: []string{bin}}}
 		if tune != nil {
 			tune(prov)
 		}
@@ -55,8 +56,8 @@ func localEnv(t testing.TB, db *bun.DB, jailed bool, tune func(*provision.Provis
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { relay.Close() })
-		prov.Jail = &provision.JailConfig{Relay: relay, Hide: provision.HiddenPaths(dataDir)}
-		if err := prov.ProbeJail(); err != nil {
+		local(prov).Jail = &localjail.JailConfig{Relay: relay, Hide: localjail.HiddenPaths(dataDir)}
+		if err := local(prov).ProbeJail(); err != nil {
 			if os.Getenv("CI") != "" {
 				t.Fatal(err)
 			}
@@ -100,18 +101,18 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := created.GetId()
-		testutil.Eventually(t, waitLimit, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
-		pid := prov.DaemonPID(id)
+		pid := local(prov).DaemonPID(id)
 		if _, err := cli(db).Suspend(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the suspended intern's daemon stops", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
+		testutil.Eventually(t, waitLimit, "the suspended intern's daemon stops", func() bool { return local(prov).DaemonPID(id) == 0 && !alive(pid) })
 
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
 		// Suspended and resumed before the gateway looks: nothing to stop,
 		// and the row must not stay provisioning (it used to, for good).
@@ -121,15 +122,15 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && prov.DaemonPID(id) != 0 })
+		testutil.Eventually(t, waitLimit, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
-		pid = prov.DaemonPID(id)
+		pid = local(prov).DaemonPID(id)
 		if _, err := cli(db).Delete(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
 		testutil.Eventually(t, waitLimit, "the deleted intern's daemon and directory go", func() bool {
-			_, err := os.Stat(filepath.Join(prov.DataDir, "interns", id))
-			return prov.DaemonPID(id) == 0 && !alive(pid) && os.IsNotExist(err)
+			_, err := os.Stat(filepath.Join(local(prov).DataDir, "interns", id))
+			return local(prov).DaemonPID(id) == 0 && !alive(pid) && os.IsNotExist(err)
 		})
 	})
 }
@@ -166,9 +167,11 @@ func TestSleepAndWake(t *testing.T) {
 			t.Fatalf("no session: %s", out)
 		}
 		session := m[1]
-		pid := prov.DaemonPID(id)
-		testutil.Eventually(t, waitLimit, "asleep", func() bool { return state(t, db, id) == store.InternSleeping && prov.DaemonPID(id) == 0 && !alive(pid) })
-		if _, err := os.Stat(filepath.Join(prov.DataDir, "interns", id, "sessions")); err != nil {
+		pid := local(prov).DaemonPID(id)
+		testutil.Eventually(t, waitLimit, "asleep", func() bool {
+			return state(t, db, id) == store.InternSleeping && local(prov).DaemonPID(id) == 0 && !alive(pid)
+		})
+		if _, err := os.Stat(filepath.Join(local(prov).DataDir, "interns", id, "sessions")); err != nil {
 			t.Fatalf("the sessions went with the jail: %v", err)
 		}
 		if p := interns.Proto(loadIntern(t, db, id)); p.GetState() != "sleeping" {
@@ -180,7 +183,7 @@ func TestSleepAndWake(t *testing.T) {
 		if !strings.Contains(out, "back again") || !strings.Contains(out, `"session_id":"`+session+`"`) || !strings.Contains(out, "[DONE]") {
 			t.Fatalf("turn to a sleeping intern: %s", out)
 		}
-		if state(t, db, id) != store.InternRunning || prov.DaemonPID(id) == 0 {
+		if state(t, db, id) != store.InternRunning || local(prov).DaemonPID(id) == 0 {
 			t.Fatal("not awake after the turn")
 		}
 
@@ -192,9 +195,9 @@ func TestSleepAndWake(t *testing.T) {
 		if call == nil || m == nil {
 			t.Fatalf("no pause: %s", out)
 		}
-		pid = prov.DaemonPID(id)
+		pid = local(prov).DaemonPID(id)
 		time.Sleep(1500 * time.Millisecond) // five idle timeouts
-		if state(t, db, id) != store.InternRunning || prov.DaemonPID(id) != pid {
+		if state(t, db, id) != store.InternRunning || local(prov).DaemonPID(id) != pid {
 			t.Fatalf("an intern with a paused run slept (state %s)", state(t, db, id))
 		}
 		out = chatTurn(t, e, id, `{"stream":true,"session_id":"`+m[1]+`","messages":[{"role":"tool","tool_call_id":"`+call[1]+`","content":"allow_once"}]}`)
@@ -293,7 +296,7 @@ func sleepingIntern(t *testing.T) (*bun.DB, *testenv.Env, *provision.Provisioner
 	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, waitLimit, "asleep", func() bool { return prov.DaemonPID(id) == 0 })
+	testutil.Eventually(t, waitLimit, "asleep", func() bool { return local(prov).DaemonPID(id) == 0 })
 	return db, e, prov, id
 }
 
@@ -303,7 +306,7 @@ func TestFailedWakeDoesNotWedge(t *testing.T) {
 	t.Parallel()
 	db, e, prov, id := sleepingIntern(t)
 	// Break the intern: a file where its directory was.
-	dir := filepath.Join(prov.DataDir, "interns", id)
+	dir := filepath.Join(local(prov).DataDir, "interns", id)
 	if err := os.Rename(dir, dir+".away"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,17 @@
-// Package provision hosts interns: it starts, watches and stops their
-// daemons (`cohort intern`) as intern records change, and gives the chat
-// gateway an authenticated client for an intern's daemon.
+// Package provision runs the fleet of interns: one reconciler
+// (Provisioner) starts, wakes, puts to sleep, evicts and restarts their
+// daemons (`cohort intern`) as the database says, through one Backend
+// that hosts them, and gives the chat gateway an authenticated client for
+// an intern's daemon.
 //
-// Two provisioners exist. `local` (the embedded default) starts one daemon
-// per running intern as a child process on loopback, each with its own data
-// directory (<data-dir>/interns/<id>) and its own secret, waits until it is
-// healthy, marks the intern running and restarts the daemon if it dies.
-// `remote` leaves running daemons to the operator, who registers each
-// one's URL and secret (`cohort admin intern register`).
+// Three backends exist, each its own package: localjail (the default: one
+// jail per awake intern on this machine, or a plain child with
+// --unsafe-shared-host), kubepods (one Pod per awake intern, its files on
+// a claim) and remote (daemons the operator runs and registers with
+// `cohort admin intern register`). docs/architecture.md draws the seam.
 //
-// Either way the daemon's URL and its secret (wrapped by the KEK) are in
-// the intern's row, so any gateway replica can reach any daemon.
+// Whichever hosts it, a daemon's URL and its secret (wrapped by the KEK)
+// are in the intern's row, so any gateway replica can reach any daemon.
 //
 // The chat gateway reaches a daemon through Dialer:
 //
@@ -27,11 +28,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +40,6 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
-	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/h2coalesce"
@@ -50,80 +49,45 @@ import (
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
-// Provisioner modes.
-const (
-	Local  = "local"
-	Remote = "remote"
-)
-
 // Dialer is what the chat gateway needs: an authenticated client for an
 // intern's daemon. *Provisioner implements it.
 type Dialer interface {
 	Client(ctx context.Context, intern *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
 }
 
-// Provisioner implements interns.Lifecycle and Dialer.
+// Provisioner is the fleet's reconciler: it implements interns.Lifecycle
+// and Dialer over one Backend, which it drives without knowing which.
 type Provisioner struct {
 	DB  *bun.DB
 	KEK *envelope.KEK
 	Log *slog.Logger
-	// Mode is Local or Remote.
-	Mode string
-	// DataDir is the gateway's data directory; local daemons live under
-	// <DataDir>/interns/<id>.
-	DataDir string
-	// Command runs `cohort intern` (local); default: this executable.
-	Command []string
-	// GatewayURL, when set, is passed to local daemons as --gateway-url:
-	// where their http_request tool reaches the vault.
-	GatewayURL string
-	// AgentCommand, when set, is passed to local daemons as --agent-command:
-	// what an intern runs whose agent is the built-in one.
-	AgentCommand string
-	// Agents is the operator's catalog: what an intern's agent name runs.
-	Agents agents.Catalog
-	// ModelKey releases an intern's vault secret name for a request to
-	// host: the model key of a third-party agent, which the model relay
-	// puts in place of the placeholder (vault.Service.Release).
-	ModelKey func(ctx context.Context, internID, name, host string) (string, error)
-	// InteractionDeadline, when set, is passed to local daemons as
-	// --interaction-deadline.
-	InteractionDeadline time.Duration
-	// HTTPToolCAFile, when set, is PEM the daemons' http_request trusts
-	// besides the system roots (a jail gets its content, read-only).
-	HTTPToolCAFile string
-	// HealthTimeout bounds a local daemon's start (default 30 s).
+	// Backend hosts the daemons (the wiring picks it).
+	Backend Backend
+	// HealthTimeout bounds the wait for a started daemon to answer
+	// (default 30 s).
 	HealthTimeout time.Duration
-	// RestartBackoff is the first delay before restarting a dead daemon
-	// (default 1 s, doubling up to 30 s).
+	// RestartBackoff is the first delay before starting a daemon again
+	// after it died or failed to start (default 1 s, doubling up to 30 s).
 	RestartBackoff time.Duration
-	// Jail, when set, runs each local daemon in a jail of its own (what
-	// serve does unless --unsafe-shared-host); nil runs them as plain
-	// children on the gateway's host.
-	Jail *JailConfig
-	// IdleTimeout puts a local intern to sleep after this long without a
-	// call to its daemon, a live or paused run or an open stream (0: never).
+	// IdleTimeout puts an intern to sleep after this long without a call
+	// to its daemon, a live or paused run or an open stream (0: never).
 	IdleTimeout time.Duration
-	// MaxAwake caps the awake local interns (0: no cap): at the cap the
-	// least recently used idle one sleeps to admit another.
+	// MaxAwake caps the awake interns (0: no cap): at the cap the least
+	// recently used idle one sleeps to admit another.
 	MaxAwake int
-	// StartConcurrency bounds local daemons starting at once (default 4).
+	// StartConcurrency bounds daemons starting at once (default 4).
 	StartConcurrency int
 	// Sweep is how often the reconciler reads the database even without a
 	// change notification (default 1 s).
 	Sweep time.Duration
+	// WakeTimeout bounds a wake, however long the backend or another
+	// replica takes (default 2 m).
+	WakeTimeout time.Duration
 	// OnWake, when set, is told of every wake of a sleeping intern: how
 	// long it took and whether it worked (internal/metrics).
 	OnWake func(took time.Duration, ok bool)
-	// Kube configures the Kubernetes mode (Mode == Kubernetes).
-	Kube *KubeConfig
-	// OnKubeCall, when set before Start, is told of every request to the
-	// Kubernetes API (internal/metrics).
-	OnKubeCall func(verb, resource string, code int)
 
 	fleet    fleet
-	kube     *kubeFleet
-	kubeErr  error
 	fleetCtx context.Context
 
 	once   sync.Once
@@ -136,13 +100,6 @@ type Provisioner struct {
 	// no state is cached, only what a given row dials.
 	dialMu sync.Mutex
 	dialed map[dialKey]interndv1connect.InternDaemonServiceClient
-
-	mu     sync.Mutex
-	sups   map[string]*supervisor
-	closed bool
-	// leaving: Close lets go of the jails instead of stopping them, for
-	// the next gateway to adopt (JailConfig.Orphan).
-	leaving bool
 }
 
 func (p *Provisioner) init() {
@@ -156,14 +113,11 @@ func (p *Provisioner) init() {
 		if p.RestartBackoff <= 0 {
 			p.RestartBackoff = time.Second
 		}
-		p.sups = map[string]*supervisor{}
-		p.fleetCtx = context.Background()
-		if p.Mode == Kubernetes {
-			p.kube = &kubeFleet{cfg: p.Kube}
-			p.kubeErr = p.kube.init(p)
+		if p.WakeTimeout <= 0 {
+			p.WakeTimeout = 2 * time.Minute
 		}
-		p.fleet.kick = make(chan struct{}, 1)
-		p.fleet.sem = make(chan struct{}, cmp.Or(max(p.StartConcurrency, 0), DefaultStartConcurrency))
+		p.fleetCtx = context.Background()
+		p.fleet.init(cmp.Or(max(p.StartConcurrency, 0), DefaultStartConcurrency))
 		// Daemons speak h2c (http://): one connection carries many run
 		// streams. A remote daemon behind a TLS proxy (https://) gets HTTP/2.
 		var protos http.Protocols
@@ -184,8 +138,8 @@ func (p *Provisioner) init() {
 // copied onto another intern does not open.
 func secretAD(internID string) []byte { return []byte("cohort/intern-daemon-secret/" + internID) }
 
-// newSecret returns 32 random bytes, base64url.
-func newSecret() string {
+// NewSecret returns 32 random bytes, base64url.
+func NewSecret() string {
 	var b [32]byte
 	rand.Read(b[:])
 	return base64.RawURLEncoding.EncodeToString(b[:])
@@ -271,7 +225,7 @@ const maxDialed = 4096
 // captured it, it opens nothing (internd.GatewayCredential).
 func (p *Provisioner) dial(id, base, secret string) interndv1connect.InternDaemonServiceClient {
 	ics := []connect.Interceptor{bearerInterceptor("Bearer " + internd.GatewayCredential(secret))}
-	if id != "" && p.Mode != Remote {
+	if id != "" {
 		ics = append(ics, activity{p, id})
 	}
 	return interndv1connect.NewInternDaemonServiceClient(p.client, base, connect.WithInterceptors(ics...))
@@ -299,29 +253,29 @@ func (b bearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 	return next
 }
 
-// Start (re)starts the daemons of interns in provisioning or running state,
-// as the gateway comes up.
+// Start opens the backend and starts the reconciler, as the gateway comes
+// up. Daemons a previous gateway left running (jails that outlive it,
+// Pods) are adopted as they are by the reconciler's first passes: their
+// runs go on. An intern whose row says running but whose daemon the
+// backend does not see died with that gateway: with sleep enabled it
+// sleeps (the next turn wakes it); otherwise it starts again and is
+// provisioning (chat waits for it), never running at a dead address.
 func (p *Provisioner) Start(ctx context.Context) error {
 	p.init()
-	switch p.Mode {
-	case Remote:
-	case Kubernetes:
-		if p.kubeErr != nil {
-			return p.kubeErr
-		}
-		// Pods outlive the gateway: the reconciler finds them as they are.
-		p.startFleet()
+	if p.fleet.closed() {
 		return nil
-	default:
-		// Jails a previous gateway left running are adopted as they are
-		// (the reconciler attaches to them: their runs go on). Other
-		// daemons of a previous gateway died with it. With sleep enabled,
-		// their interns sleep (the next turn wakes each); otherwise they
-		// start again and are provisioning (chat waits for them) until up,
-		// never running at a dead address.
-		live, err := p.liveJails(ctx)
-		if err != nil {
-			return err
+	}
+	fctx := p.fleet.begin()
+	p.fleetCtx = fctx
+	if err := p.Backend.Open(fctx, Host{Log: p.Log, Changed: p.nudge, Check: p.Healthy}); err != nil {
+		return err
+	}
+	if obs, complete := p.Backend.Observe(); complete {
+		var live []string
+		for _, o := range obs {
+			if o.Running {
+				live = append(live, o.ID)
+			}
 		}
 		to := store.InternProvisioning
 		if p.IdleTimeout > 0 {
@@ -336,66 +290,18 @@ func (p *Provisioner) Start(ctx context.Context) error {
 		if _, err := q.Exec(ctx); err != nil {
 			return err
 		}
-		p.startFleet()
-		return nil
 	}
-	var rows []store.Intern
-	if err := p.DB.NewSelect().Model(&rows).Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
-		return err
-	}
-	for i := range rows {
-		p.Changed(ctx, &rows[i])
-	}
+	p.runFleet(fctx)
 	return nil
 }
 
-// startFleet runs the reconciler unless the provisioner is closed.
-func (p *Provisioner) startFleet() {
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if !closed {
-		p.runFleet()
-	}
-}
-
 // Changed follows an intern's record: it is the interns.Lifecycle hook.
-// It never blocks on a daemon: starting and stopping happen in the
-// background, and the record's state says when the intern is running.
+// It never blocks on a daemon: the reconciler reads the row again (the
+// database is the truth) and acts in the background; the record's state
+// says when the intern is running.
 func (p *Provisioner) Changed(ctx context.Context, in *store.Intern) {
 	p.init()
-	switch p.Mode {
-	case Remote:
-		if in.State == store.InternProvisioning && in.DaemonURL != "" {
-			// A resumed remote intern runs again once its daemon answers.
-			go p.markRunningWhenHealthy(in.ID)
-		}
-	default:
-		// The reconciler reads the row again: the database is the truth.
-		p.nudge()
-	}
-}
-
-// markRunningWhenHealthy checks a registered remote daemon once.
-func (p *Provisioner) markRunningWhenHealthy(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.HealthTimeout)
-	defer cancel()
-	var in store.Intern
-	if err := p.DB.NewSelect().Model(&in).Where("id = ?", id).Scan(ctx); err != nil {
-		return
-	}
-	secret, err := p.unwrap(&in)
-	if err != nil {
-		p.Log.Error("daemon secret does not open", "intern", id, "err", err)
-		return
-	}
-	if _, err := p.dial("", in.DaemonURL, secret).Status(ctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
-		p.Log.Warn("remote daemon not healthy", "intern", id, "err", err)
-		return
-	}
-	if err := p.setRunning(ctx, id); err != nil {
-		p.Log.Error("mark intern running", "intern", id, "err", err)
-	}
+	p.nudge()
 }
 
 // setRunning moves an intern from provisioning to running, and only from
@@ -407,80 +313,50 @@ func (p *Provisioner) setRunning(ctx context.Context, id string) error {
 	return err
 }
 
-// Register records a remote daemon's URL and secret for an intern, after
-// checking that the daemon answers with that secret, and marks a
-// provisioning intern running. The secret is stored wrapped by the KEK.
-func (p *Provisioner) Register(ctx context.Context, internID, daemonURL, secret string) (*store.Intern, error) {
+// Healthy checks once that the daemon at base answers Status with secret.
+func (p *Provisioner) Healthy(ctx context.Context, base, secret string) error {
 	p.init()
-	u, err := url.Parse(daemonURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, apierr.BadRequest("the daemon URL must be http:// or https:// with a host")
-	}
-	secret = strings.TrimSpace(secret)
-	if secret == "" {
-		return nil, apierr.BadRequest("the daemon secret is empty")
-	}
-	var in store.Intern
-	if err := p.DB.NewSelect().Model(&in).Where("id = ? AND state <> ?", internID, store.InternDeleted).Scan(ctx); err != nil {
-		return nil, apierr.NotFound("intern %q not found", internID)
-	}
-	hctx, cancel := context.WithTimeout(ctx, p.HealthTimeout)
-	defer cancel()
-	if _, err := p.dial("", daemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{})); err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the daemon did not answer Status with this secret: %s", connect.CodeOf(err))
-	}
-	wrapped, err := p.wrap(internID, secret)
-	if err != nil {
-		return nil, apierr.Internal(err)
-	}
-	in.DaemonURL, in.DaemonSecret, in.Provisioner = strings.TrimRight(daemonURL, "/"), wrapped, Remote
-	if _, err := p.DB.NewUpdate().Model(&in).Column("daemon_url", "daemon_secret", "provisioner").WherePK().Exec(ctx); err != nil {
-		return nil, apierr.Internal(err)
-	}
-	if err := p.setRunning(ctx, internID); err != nil {
-		return nil, apierr.Internal(err)
-	}
-	if err := p.DB.NewSelect().Model(&in).WherePK().Scan(ctx); err != nil {
-		return nil, apierr.Internal(err)
-	}
-	return &in, nil
+	_, err := p.dial("", base, secret).Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	return err
 }
 
-// Close stops every local daemon, all at once (their runs end with them),
-// or, when jails outlive their gateway (JailConfig.Orphan), lets go of
-// them for the next gateway to adopt.
+// Record stores a daemon that backend (its Name) hosts for the intern: its
+// URL and its secret, wrapped by the KEK; a provisioning intern runs.
+func (p *Provisioner) Record(ctx context.Context, internID, daemonURL, secret, backend string) error {
+	p.init()
+	wrapped, err := p.wrap(internID, secret)
+	if err != nil {
+		return err
+	}
+	if _, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
+		Set("daemon_url = ?", daemonURL).Set("daemon_secret = ?", wrapped).Set("provisioner = ?", backend).
+		Where("id = ?", internID).Exec(ctx); err != nil {
+		return err
+	}
+	return p.setRunning(ctx, internID)
+}
+
+// Secret returns the daemon secret the intern's row records (unwrapped),
+// with the row, for a backend's own checks (a Pod's model relay token).
+func (p *Provisioner) Secret(ctx context.Context, id string) (*store.Intern, string, error) {
+	p.init()
+	in, err := p.row(ctx, id)
+	if err != nil {
+		return nil, "", err
+	}
+	if in.DaemonSecret == "" {
+		return in, "", errors.New("no daemon secret")
+	}
+	secret, err := p.unwrap(in)
+	return in, secret, err
+}
+
+// Close stops the reconciler and lets go of the backend's daemons (the
+// backend stops them or leaves them for the next gateway).
 func (p *Provisioner) Close() {
 	p.init()
-	p.mu.Lock()
-	p.closed = true
-	p.leaving = p.Jail != nil && p.Jail.Orphan > 0
-	if p.leaving && len(p.sups) > 0 {
-		p.Log.Info("interns' jails left running for the next gateway", "interns", len(p.sups), "stop_without_one_after", p.Jail.Orphan.String())
-	}
-	sups := make([]*supervisor, 0, len(p.sups))
-	for _, s := range p.sups {
-		sups = append(sups, s)
-	}
-	p.sups = map[string]*supervisor{}
-	p.mu.Unlock()
-	if p.fleet.stop != nil {
-		p.fleet.stop()
-		p.fleet.done.Wait()
-	}
-	var wg sync.WaitGroup
-	for _, s := range sups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.stop()
-		}()
-	}
-	wg.Wait()
-	if p.Jail != nil && !p.leaving {
-		// Jails a previous gateway left that this one had not attached
-		// yet (a stop right after a start) would otherwise run on for the
-		// previous gateway's orphan timeout.
-		p.stopJails(p.aliveJails(), "the gateway stops, and its jails with it")
+	if p.fleet.end() && p.Backend != nil {
+		p.Backend.Close()
 	}
 }
 

@@ -22,6 +22,8 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -77,6 +79,9 @@ func loadIntern(t *testing.T, db *bun.DB, id string) *store.Intern {
 // waitLimit bounds every wait of these tests for the fleet to act.
 const waitLimit = 45 * time.Second
 
+// local is the local jails' backend of a fleet the tests built.
+func local(p *provision.Provisioner) *localjail.Backend { return p.Backend.(*localjail.Backend) }
+
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
 func status(t *testing.T, p *provision.Provisioner, in *store.Intern) (*pb.StatusResponse, error) {
@@ -92,9 +97,11 @@ func status(t *testing.T, p *provision.Provisioner, in *store.Intern) (*pb.Statu
 	return res.Msg, nil
 }
 
-// The local provisioner starts a real `cohort intern` process per running
-// intern (jailed, or as a plain child with --unsafe-shared-host), restarts
-// it when it dies and stops it on suspend.
+// The local backend starts a real `cohort intern` process per running
+// intern (jailed, or as a plain child with --unsafe-shared-host), told
+// where the gateway is, refusing calls without its secret, one per intern.
+// Its lifecycle (crash, model change, suspend, delete, adoption) is
+// TestBackendConformance's.
 func TestLocalLifecycle(t *testing.T) {
 	t.Parallel()
 	for _, jailed := range []bool{true, false} {
@@ -104,8 +111,8 @@ func TestLocalLifecycle(t *testing.T) {
 
 func testLocalLifecycle(t *testing.T, jailed bool) {
 	storetest.Each(t, func(t *testing.T, db *bun.DB) {
-		e, prov := localEnv(t, db, jailed, func(p *provision.Provisioner) { p.GatewayURL = "http://gateway.test:1/api/v1" })
-		dataDir := prov.DataDir
+		e, prov := localEnv(t, db, jailed, func(p *provision.Provisioner) { local(p).GatewayURL = "http://gateway.test:1/api/v1" })
+		dataDir := local(prov).DataDir
 		ctx := context.Background()
 		id := e.InternID
 
@@ -116,7 +123,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		testutil.Eventually(t, waitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
 		// The daemon is told where the gateway's vault is (in a jail: the
 		// gateway relay), and a jailed one runs under the jail's init.
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", prov.DaemonPID(id)))
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", local(prov).DaemonPID(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +135,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 			t.Fatalf("daemon command line lacks --gateway-url: %q", cmdline)
 		}
 		in := loadIntern(t, db, id)
-		if in.Provisioner != provision.Local || !strings.HasPrefix(in.DaemonURL, "http://127.0.0.1:") || in.DaemonSecret == "" {
+		if in.Provisioner != localjail.Name || !strings.HasPrefix(in.DaemonURL, "http://127.0.0.1:") || in.DaemonSecret == "" {
 			t.Fatalf("daemon record: %+v", in)
 		}
 		st, err := status(t, prov, in)
@@ -151,51 +158,6 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 			t.Fatalf("unauthenticated Status: %d", res.StatusCode)
 		}
 
-		// Killed: restarted, with a new address and secret.
-		pid := prov.DaemonPID(id)
-		if !alive(pid) {
-			t.Fatalf("no daemon process (%d)", pid)
-		}
-		syscall.Kill(pid, syscall.SIGKILL)
-		testutil.Eventually(t, waitLimit, "restart", func() bool {
-			n := prov.DaemonPID(id)
-			if n == 0 || n == pid {
-				return false
-			}
-			_, err := status(t, prov, loadIntern(t, db, id))
-			return err == nil
-		})
-
-		// A model change restarts the daemon with the new model.
-		model := "cohort/other"
-		if _, err := e.Server.Interns.Update(ctx, e.Operator(), &cohortv1.UpdateInternRequest{Id: id, Model: &model}); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, waitLimit, "new model", func() bool {
-			st, err := status(t, prov, loadIntern(t, db, id))
-			return err == nil && st.GetModel() == model
-		})
-
-		// Suspended: the daemon stops and the intern is not ready.
-		pid = prov.DaemonPID(id)
-		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), id); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, waitLimit, "daemon stopped", func() bool { return prov.DaemonPID(id) == 0 && !alive(pid) })
-		_, err = prov.Client(ctx, loadIntern(t, db, id))
-		if !apierr.Is(err, 409, "intern_not_ready") {
-			t.Fatalf("suspended intern: %v", err)
-		}
-
-		// Resumed: provisioning, then running again.
-		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), id); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, waitLimit, "running again", func() bool {
-			_, err := status(t, prov, loadIntern(t, db, id))
-			return err == nil
-		})
-
 		// A new intern gets its own daemon, directory and secret.
 		created, err := e.Server.Interns.Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{WorkspaceId: e.WorkspaceID, Name: "second"})
 		if err != nil {
@@ -206,15 +168,6 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 			t.Fatal("two interns share a daemon or a secret")
 		}
 
-		// Deleted: the daemon stops and its directory goes.
-		pid = prov.DaemonPID(created.GetId())
-		if _, err := e.Server.Interns.Delete(ctx, e.Operator(), created.GetId()); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, waitLimit, "deleted daemon stopped", func() bool {
-			_, err := os.Stat(filepath.Join(dataDir, "interns", created.GetId()))
-			return !alive(pid) && os.IsNotExist(err)
-		})
 	})
 }
 
@@ -235,7 +188,7 @@ func TestRemoteRegister(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db *bun.DB) {
 		var prov *provision.Provisioner
 		e := testenv.New(t, db, func(s *server.Server) {
-			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Mode: provision.Remote, HealthTimeout: 2 * time.Second}
+			prov = &provision.Provisioner{DB: db, KEK: s.KEK, Log: s.Log, Backend: &remote.Backend{}, HealthTimeout: 2 * time.Second}
 			s.Provisioner, s.Interns.Lifecycle = prov, prov
 		})
 		ctx := context.Background()
@@ -254,7 +207,7 @@ func TestRemoteRegister(t *testing.T) {
 			{e.InternID, url, "  ", 400, "bad_request"},
 			{"no-such-intern", url, secret, 404, "not_found"},
 		} {
-			_, err := prov.Register(ctx, c.id, c.url, c.secret)
+			_, err := remote.Register(ctx, prov, c.id, c.url, c.secret)
 			if !apierr.Is(err, c.status, c.reason) {
 				t.Fatalf("Register(%q, %q): want %d %s, got %v", c.url, c.secret, c.status, c.reason, err)
 			}
@@ -266,11 +219,11 @@ func TestRemoteRegister(t *testing.T) {
 			t.Fatalf("refused registrations changed the intern: %+v", after)
 		}
 
-		in, err := prov.Register(ctx, e.InternID, url+"/", secret)
+		in, err := remote.Register(ctx, prov, e.InternID, url+"/", secret)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if in.State != store.InternRunning || in.DaemonURL != url || in.Provisioner != provision.Remote {
+		if in.State != store.InternRunning || in.DaemonURL != url || in.Provisioner != remote.Name {
 			t.Fatalf("registered: %+v", in)
 		}
 		// Stored wrapped, never in clear.
@@ -312,7 +265,12 @@ func TestRemoteRegister(t *testing.T) {
 		if _, err := prov.ClientFor(&stopped); !apierr.Is(err, 409, "intern_not_ready") {
 			t.Fatalf("ClientFor suspended row: %v", err)
 		}
-		// Suspended: not ready; resumed: running again once the daemon answers.
+		// Suspended: not ready; resumed: running again once the daemon
+		// answers (the reconciler sees to it).
+		if err := prov.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(prov.Close)
 		if _, err := e.Server.Interns.Suspend(ctx, e.Operator(), e.InternID); err != nil {
 			t.Fatal(err)
 		}

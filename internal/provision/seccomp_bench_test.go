@@ -35,7 +35,7 @@ func BenchmarkSeccompWake(b *testing.B) {
 	var sides []*side
 	for _, off := range []bool{true, false} {
 		e, prov := localEnv(b, storetest.SQLite(b), true, nil)
-		prov.Jail.NoSeccomp = off
+		local(prov).Jail.NoSeccomp = off
 		if err := prov.Start(ctx); err != nil {
 			b.Fatal(err)
 		}

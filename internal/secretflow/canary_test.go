@@ -26,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -147,11 +148,11 @@ func (f *flow) startDaemon(t *testing.T) {
 	}
 	t.Cleanup(func() { f.stop() })
 	f.daemon = d
-	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Mode: provision.Remote}
+	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Backend: &remote.Backend{}}
 	if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternProvisioning).Where("id = ?", e.InternID).Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prov.Register(context.Background(), e.InternID, srv.URL, daemonSecret); err != nil {
+	if _, err := remote.Register(context.Background(), prov, e.InternID, srv.URL, daemonSecret); err != nil {
 		t.Fatal(err)
 	}
 	e.Server.Chat.Daemons = prov

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/accounts"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
@@ -25,6 +26,9 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/kubepods"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/safehttp"
@@ -56,7 +60,10 @@ type Server struct {
 	// Lifecycle and Chat's Daemons. Nil when the configuration names no
 	// provisioner.
 	Provisioner *provision.Provisioner
-	Vault       *vault.Service
+	// Backend is what hosts Provisioner's daemons (localjail, kubepods,
+	// remote), as the configuration names it.
+	Backend provision.Backend
+	Vault   *vault.Service
 	// Chat is the chat orchestration.
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.
@@ -98,12 +105,12 @@ type Deps struct {
 	GatewayURL string
 	// Jail jails every local intern: required with the local provisioner
 	// unless the configuration allows UnsafeSharedHost.
-	Jail *provision.JailConfig
+	Jail *localjail.JailConfig
 	// JailProbed says the caller already checked this machine can make
 	// Jail (ProbeJail, before it wrote anything); New does otherwise.
 	JailProbed bool
 	// Kube is the cluster of the Kubernetes provisioner, connected.
-	Kube *provision.KubeConfig
+	Kube *kubepods.Config
 }
 
 // New builds the whole gateway from cfg over d: every service, its limits
@@ -145,15 +152,15 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		return nil, fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
 	}
 	switch cfg.Provisioner {
-	case "", provision.Local, provision.Remote:
-	case provision.Kubernetes:
+	case "", localjail.Name, remote.Name:
+	case kubepods.Name:
 		if d.Kube == nil {
 			return nil, errors.New("server: the kubernetes provisioner needs its cluster (Deps.Kube)")
 		}
 	default:
 		return nil, fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
 	}
-	if cfg.Provisioner == provision.Local && d.Jail == nil && !cfg.UnsafeSharedHost {
+	if cfg.Provisioner == localjail.Name && d.Jail == nil && !cfg.UnsafeSharedHost {
 		return nil, errors.New("server: the local provisioner jails every intern (Deps.Jail) unless UnsafeSharedHost allows otherwise")
 	}
 
@@ -226,35 +233,43 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	}
 
 	if cfg.Provisioner != "" {
-		prov := &provision.Provisioner{DB: db, KEK: d.KEK, Log: log, Mode: cfg.Provisioner, DataDir: cfg.DataDir,
-			GatewayURL: d.GatewayURL, AgentCommand: cfg.AgentCommand,
-			IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency,
-			InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile}
 		// A third-party agent's model key is a vault secret of its intern,
 		// released per request to the model relay (audited).
-		prov.ModelKey = func(ctx context.Context, internID, name, host string) (string, error) {
-			return s.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
-		}
+		ag := provision.Agents{Catalog: catalog, Command: cfg.AgentCommand,
+			ModelKey: func(ctx context.Context, internID, name, host string) (string, error) {
+				return s.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
+			}}
+		prov := &provision.Provisioner{DB: db, KEK: d.KEK, Log: log,
+			IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency}
+		// The wiring: the one place that names the backends.
 		switch cfg.Provisioner {
-		case provision.Kubernetes:
-			prov.Kube = d.Kube
-		case provision.Local:
+		case kubepods.Name:
+			prov.Backend = &kubepods.Backend{Config: *d.Kube, Agents: ag, InteractionDeadline: cfg.InteractionDeadline}
+			if d.Kube.WakeTimeout > 0 {
+				// A wake may wait for another replica's Lease to expire.
+				prov.WakeTimeout = d.Kube.WakeTimeout + max(d.Kube.LeaseDuration, 15*time.Second)
+			}
+		case remote.Name:
+			prov.Backend = &remote.Backend{}
+		case localjail.Name:
+			lb := localBackend(cfg, catalog, d.Jail)
+			lb.GatewayURL, lb.Agents.ModelKey = d.GatewayURL, ag.ModelKey
+			prov.Backend = lb
 			if d.Jail == nil {
 				log.Warn(UnsafeSharedHostWarning)
 				s.Warning = UnsafeSharedHostWarning
 				break
 			}
-			prov.Jail = d.Jail
 			if !d.JailProbed {
-				if err := probeJail(prov); err != nil {
+				if err := probeJail(lb); err != nil {
 					return nil, err
 				}
 			}
-			for _, w := range prov.LimitWarnings() {
+			for _, w := range lb.LimitWarnings() {
 				log.Warn("an intern limit is not enforced on this host", "limit", w)
 			}
 		}
-		s.Provisioner, ins.Lifecycle, s.Chat.Daemons = prov, prov, prov
+		s.Provisioner, s.Backend, ins.Lifecycle, s.Chat.Daemons = prov, prov.Backend, prov, prov
 		s.closers = append(s.closers, func() error { prov.Close(); return nil })
 	}
 
@@ -263,7 +278,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		m := metrics.New(db)
 		s.Metrics, s.Chat.Observer, fed.OnExchange, s.Vault.Observe = m, m, m.Exchange, m.Vault
 		if s.Provisioner != nil {
-			s.Provisioner.OnWake, s.Provisioner.OnKubeCall = m.Wake, m.KubeCall
+			s.Provisioner.OnWake = m.Wake
+		}
+		if kb, ok := s.Backend.(*kubepods.Backend); ok {
+			kb.OnCall = m.KubeCall
 		}
 	}
 	return s, nil
@@ -272,17 +290,22 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 // ProbeJail checks that this machine can make the jail cfg's local interns
 // would run in, as New does, without a database: serve calls it before it
 // writes anything. The error names what is missing and the remedies.
-func ProbeJail(cfg config.Config, jc *provision.JailConfig) error {
+func ProbeJail(cfg config.Config, jc *localjail.JailConfig) error {
 	catalog, err := cfg.Catalog()
 	if err != nil {
 		return err
 	}
-	return probeJail(&provision.Provisioner{Mode: provision.Local, DataDir: cfg.DataDir, AgentCommand: cfg.AgentCommand,
-		InteractionDeadline: cfg.InteractionDeadline, Agents: catalog, HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: jc})
+	return probeJail(localBackend(cfg, catalog, jc))
 }
 
-func probeJail(p *provision.Provisioner) error {
-	if err := p.ProbeJail(); err != nil {
+// localBackend is the local jails' backend cfg describes.
+func localBackend(cfg config.Config, catalog agents.Catalog, jc *localjail.JailConfig) *localjail.Backend {
+	return &localjail.Backend{DataDir: cfg.DataDir, Agents: provision.Agents{Catalog: catalog, Command: cfg.AgentCommand},
+		InteractionDeadline: cfg.InteractionDeadline, HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: jc}
+}
+
+func probeJail(b *localjail.Backend) error {
+	if err := b.ProbeJail(); err != nil {
 		return fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
 	}
 	return nil

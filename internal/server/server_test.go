@@ -15,7 +15,9 @@ import (
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
-	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/kubepods"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
@@ -166,9 +168,12 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 	}
 
 	cfg := noProvisioner()
-	cfg.Provisioner, cfg.MetricsListen, cfg.RegionalHosts = provision.Remote, "127.0.0.1:0", []string{"eu.api.example.com"}
+	cfg.Provisioner, cfg.MetricsListen, cfg.RegionalHosts = remote.Name, "127.0.0.1:0", []string{"eu.api.example.com"}
 	s = newServer(t, cfg, d)
-	if s.Provisioner == nil || s.Chat.Daemons != s.Provisioner || s.Interns.Lifecycle != s.Provisioner || s.Provisioner.ModelKey == nil {
+	if s.Provisioner == nil || s.Chat.Daemons != s.Provisioner || s.Interns.Lifecycle != s.Provisioner || s.Provisioner.Backend != s.Backend {
+		t.Fatalf("remote provisioner not wired: %+v", s)
+	}
+	if _, ok := s.Backend.(*remote.Backend); !ok {
 		t.Fatalf("remote provisioner not wired: %+v", s)
 	}
 	if s.Metrics == nil || s.Chat.Observer == nil || s.Federation.OnExchange == nil || s.Vault.Observe == nil || s.Provisioner.OnWake == nil {
@@ -178,7 +183,7 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 		t.Fatal("regional hosts not applied")
 	}
 
-	for _, bad := range []string{"cloud", provision.Kubernetes} {
+	for _, bad := range []string{"cloud", kubepods.Name} {
 		cfg := noProvisioner()
 		cfg.Provisioner = bad
 		if s, err := New(ctx, cfg, d); err == nil {
@@ -187,14 +192,15 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 		}
 	}
 	cfg = noProvisioner()
-	cfg.Provisioner, cfg.DataDir = provision.Local, t.TempDir()
+	cfg.Provisioner, cfg.DataDir = localjail.Name, t.TempDir()
 	if s, err := New(ctx, cfg, d); err == nil {
 		s.Close()
 		t.Fatal("a local provisioner without a jail was accepted")
 	}
 	cfg.UnsafeSharedHost = true
 	s = newServer(t, cfg, d)
-	if s.Provisioner == nil || s.Provisioner.Jail != nil || s.Warning != UnsafeSharedHostWarning {
+	lb, ok := s.Backend.(*localjail.Backend)
+	if s.Provisioner == nil || !ok || lb.Jail != nil || lb.Agents.ModelKey == nil || s.Warning != UnsafeSharedHostWarning {
 		t.Fatalf("unsafe shared host: %+v", s)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package provision
+package localjail
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package provision
+package kubepods
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -43,30 +44,30 @@ func relayToken(secret, internID string) string {
 // PodModelRelay serves RelayPath for intern Pods. Anything that is not an
 // awake Pod intern's path with its current token is 404, the same whether
 // the intern exists or not.
-func (p *Provisioner) PodModelRelay(r ModelRelay) http.Handler {
+// The row and its secret come from the reconciler (p), which reads the
+// database.
+func (b *Backend) PodModelRelay(p *provision.Provisioner, r ModelRelay) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(RelayPath+"{id}/{token}/{rest...}", func(w http.ResponseWriter, req *http.Request) {
-		p.init()
 		id := req.PathValue("id")
-		in, err := p.row(req.Context(), id)
-		if err != nil || in.Provisioner != Kubernetes || in.DaemonSecret == "" ||
+		in, secret, err := p.Secret(req.Context(), id)
+		if err != nil || in.Provisioner != Name ||
 			(in.State != store.InternRunning && in.State != store.InternProvisioning) {
 			http.NotFound(w, req)
 			return
 		}
-		secret, err := p.unwrap(in)
-		if err != nil || subtle.ConstantTimeCompare([]byte(req.PathValue("token")), []byte(relayToken(secret, id))) != 1 {
+		if subtle.ConstantTimeCompare([]byte(req.PathValue("token")), []byte(relayToken(secret, id))) != 1 {
 			http.NotFound(w, req)
 			return
 		}
-		run, err := p.agentFor(in.Agent, true)
+		run, err := b.Agents.For(in.Agent, true)
 		if err != nil {
 			http.NotFound(w, req)
 			return
 		}
 		base, key := "", func(context.Context) (string, error) { return "", nil }
-		if run.upstream != "" {
-			base, key = run.upstream, p.modelKey(id, run)
+		if run.Upstream != "" {
+			base, key = run.Upstream, b.Agents.ModelKeyFor(id, run)
 		}
 		h, err := r.Model(base, key)
 		if err != nil {

@@ -1,4 +1,4 @@
-package provision
+package localjail
 
 import (
 	"context"
@@ -19,11 +19,8 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-	"github.com/uptrace/bun"
-
-	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
@@ -365,31 +362,31 @@ func (o DaemonJail) inJailUpstream() string {
 	return fmt.Sprintf("http://127.0.0.1:%d%s", PortModel, strings.TrimRight(u.EscapedPath(), "/"))
 }
 
-// daemonJail is the provisioner's jail for an intern running the agent
+// daemonJail is the backend's jail for an intern running the agent
 // named agent, within the operator's limits and its own.
-func (p *Provisioner) daemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
-	run, err := p.agentFor(agent, true)
+func (b *Backend) daemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
+	run, err := b.Agents.For(agent, true)
 	if err != nil {
 		return DaemonJail{}, err
 	}
-	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(p.daemonFlags(), run.flags...),
-		Control: p.controlPath(id), JailConfig: *p.Jail}
+	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(b.daemonFlags(), run.Flags...),
+		Control: b.controlPath(id), JailConfig: *b.Jail}
 	// In the jail's Spec, so in its tag: a jail of other limits is not
 	// adopted but replaced.
-	o.Limits = internLimits(p.Jail.Limits, own)
-	if run.upstream != "" {
-		o.Upstream, o.UpstreamKey = run.upstream, p.modelKey(id, run)
+	o.Limits = internLimits(b.Jail.Limits, own)
+	if run.Upstream != "" {
+		o.Upstream, o.UpstreamKey = run.Upstream, b.Agents.ModelKeyFor(id, run)
 	}
-	if run.modules != "" {
-		o.ReadOnly = append(slices.Clone(o.ReadOnly), run.modules)
+	if run.Modules != "" {
+		o.ReadOnly = append(slices.Clone(o.ReadOnly), run.Modules)
 	}
 	return o, nil
 }
 
 // ProbeJail checks that this machine can make the interns' jails; the
 // error names what is missing and the remedy.
-func (p *Provisioner) ProbeJail() error {
-	self, err := p.selfCommand()
+func (b *Backend) ProbeJail() error {
+	self, err := b.selfCommand()
 	if err != nil {
 		return err
 	}
@@ -398,13 +395,13 @@ func (p *Provisioner) ProbeJail() error {
 		return err
 	}
 	defer jail.RemoveAll(dir) // and its overlay's work directory
-	dj, err := p.daemonJail("probe", "", "", store.InternLimits{}, dir, self)
+	dj, err := b.daemonJail("probe", "", "", store.InternLimits{}, dir, self)
 	if err != nil {
 		return err
 	}
 	dj.Control = ""
-	if p.Agents.Modules != "" {
-		if err := WorldReadable(p.Agents.Modules); err != nil {
+	if m := b.Agents.Catalog.Modules; m != "" {
+		if err := WorldReadable(m); err != nil {
 			return fmt.Errorf("the agents' modules: %w", err)
 		}
 	}
@@ -421,9 +418,9 @@ func (p *Provisioner) ProbeJail() error {
 }
 
 // selfCommand is the argv that runs `cohort` (Command, or this binary).
-func (p *Provisioner) selfCommand() ([]string, error) {
-	if len(p.Command) > 0 {
-		return p.Command, nil
+func (b *Backend) selfCommand() ([]string, error) {
+	if len(b.Command) > 0 {
+		return b.Command, nil
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -459,132 +456,85 @@ func ownDir(dir string, spec jail.Spec) error {
 }
 
 // startJailed starts the intern's daemon in its jail, on a listener of the
-// gateway's own loopback, with a new secret.
-func (s *supervisor) startJailed(dir string, logs *os.File) (started, error) {
-	p := s.p
-	self, err := p.selfCommand()
+// gateway's own loopback, with secret.
+func (b *Backend) startJailed(spec provision.Spec, dir, secret string, logs *os.File) (daemonProc, string, error) {
+	self, err := b.selfCommand()
 	if err != nil {
-		return started{}, err
+		return nil, "", err
 	}
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
-		return started{}, err
+		return nil, "", err
 	}
 	defer ln.Close()
 	lf, err := ln.File()
 	if err != nil {
-		return started{}, err
+		return nil, "", err
 	}
 	defer lf.Close()
-	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
+	dj, err := b.daemonJail(spec.ID, spec.Model, spec.Agent, spec.Limits, dir, self)
 	if err != nil {
-		return started{}, err
+		return nil, "", err
 	}
-	secret := newSecret()
 	j, err := dj.Start(lf, secret, nil, logs, logs)
 	if err != nil {
-		return started{}, err
+		return nil, "", err
 	}
-	return started{proc: jailProc{j}, base: "http://" + ln.Addr().String(), secret: secret}, nil
+	return jailProc{j}, "http://" + ln.Addr().String(), nil
 }
 
 // controlPath is where the intern's jail listens for its gateway: in the
 // data directory, which no jail sees.
-func (p *Provisioner) controlPath(id string) string {
-	dir := filepath.Join(p.DataDir, "jails")
+func (b *Backend) controlPath(id string) string {
+	dir := filepath.Join(b.DataDir, "jails")
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
 	return filepath.Join(dir, id+".sock")
 }
 
-// adopt takes over the intern's jail if a previous gateway left it
-// running: the same configuration, its row pointing at it, and its daemon
-// answering with the row's secret. Otherwise it stops such a jail and
-// returns no process (start a new one).
-func (s *supervisor) adopt(ctx context.Context, dir string, logs *os.File) (started, error) {
-	p := s.p
-	path := p.controlPath(s.id)
-	if !jail.Alive(path) {
-		return started{}, nil
-	}
-	self, err := p.selfCommand()
+// adopt takes over the intern's jail a previous gateway left running if
+// it runs spec and answers at the row's URL with the row's secret;
+// otherwise it stops that jail and returns no process (start a new one).
+func (b *Backend) adopt(ctx context.Context, spec provision.Spec, dir string, logs *os.File) (daemonProc, error) {
+	self, err := b.selfCommand()
 	if err != nil {
-		return started{}, err
+		return nil, err
 	}
-	dj, err := p.daemonJail(s.id, s.model, s.agent, s.limits, dir, self)
+	dj, err := b.daemonJail(spec.ID, spec.Model, spec.Agent, spec.Limits, dir, self)
 	if err != nil {
-		return started{}, err
+		return nil, err
 	}
 	j, err := dj.Attach(logs)
 	if j == nil {
-		return started{}, nil // it ended meanwhile
+		return nil, nil // it ended meanwhile
 	}
-	stop := func(why string, err error) (started, error) {
-		p.Log.Info("intern's jail from a previous gateway stopped", "intern", s.id, "why", why, "err", err)
+	stop := func(why string, err error) (daemonProc, error) {
+		b.log.Info("intern's jail from a previous gateway stopped", "intern", spec.ID, "why", why, "err", err)
 		j.Kill()
 		<-j.Done()
-		return started{}, nil
+		return nil, nil
 	}
 	if err != nil {
 		return stop("another configuration", err)
 	}
-	in, err := p.row(ctx, s.id)
-	if err != nil {
-		return stop("no row", err)
-	}
-	if in.Provisioner != Local || in.DaemonURL == "" {
+	if spec.URL == "" || spec.Secret == "" {
 		return stop("its row names no local daemon", nil)
 	}
-	secret, err := p.unwrap(in)
-	if err != nil {
-		return stop("its row's secret does not open", err)
-	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = p.dial("", in.DaemonURL, secret).Status(hctx, connect.NewRequest(&pb.StatusRequest{}))
+	err = b.check(hctx, spec.URL, spec.Secret)
 	cancel()
 	if err != nil {
 		return stop("its daemon does not answer with the row's secret", err)
 	}
-	p.Log.Info("intern's jail adopted from a previous gateway", "intern", s.id, "pid", j.Pid())
-	return started{proc: jailProc{j}, base: in.DaemonURL, secret: secret, adopted: true}, nil
-}
-
-// liveJails finds the jails a previous gateway left running and returns
-// the interns whose rows say they run there; the others' jails (suspended,
-// deleted or asleep since) are stopped, and stale sockets removed.
-func (p *Provisioner) liveJails(ctx context.Context) ([]string, error) {
-	if p.Jail == nil {
-		return nil, nil
-	}
-	ids := p.aliveJails()
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	var running []string
-	if err := p.DB.NewSelect().Model((*store.Intern)(nil)).Column("id").
-		Where("id IN (?) AND state = ? AND provisioner = ?", bun.In(ids), store.InternRunning, Local).
-		Scan(ctx, &running); err != nil {
-		return nil, err
-	}
-	keep := make(map[string]bool, len(running))
-	for _, id := range running {
-		keep[id] = true
-	}
-	var stop []string
-	for _, id := range ids {
-		if !keep[id] {
-			stop = append(stop, id)
-		}
-	}
-	p.stopJails(stop, "its intern no longer runs")
-	return running, nil
+	b.log.Info("intern's jail adopted from a previous gateway", "intern", spec.ID, "pid", j.Pid())
+	return jailProc{j}, nil
 }
 
 // aliveJails lists the interns whose jails listen in the data directory,
 // removing the sockets nobody listens on.
-func (p *Provisioner) aliveJails() []string {
-	dir := filepath.Dir(p.controlPath("x"))
+func (b *Backend) aliveJails() []string {
+	dir := filepath.Dir(b.controlPath("x"))
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil
@@ -604,19 +554,19 @@ func (p *Provisioner) aliveJails() []string {
 	return ids
 }
 
-// stopJails ends the interns' jails (at once, in parallel), waiting for
-// each at most 5 s.
-func (p *Provisioner) stopJails(ids []string, why string) {
+// stopJails ends the interns' jails a previous gateway left (at once, in
+// parallel), waiting for each at most 5 s.
+func (b *Backend) stopJails(ids []string, why string) {
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			j, err := jail.Attach(p.controlPath(id), nil)
+			j, err := jail.Attach(b.controlPath(id), nil)
 			if err != nil {
 				return
 			}
-			p.Log.Info("intern's jail from a previous gateway stopped", "intern", id, "why", why)
+			b.log.Info("intern's jail from a previous gateway stopped", "intern", id, "why", why)
 			j.Kill()
 			select {
 			case <-j.Done():

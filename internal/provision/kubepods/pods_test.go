@@ -1,4 +1,4 @@
-package provision
+package kubepods
 
 import (
 	"strings"
@@ -7,15 +7,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
 // An intern Pod's ephemeral volumes carry the configured size limit, and
 // each Pod takes its daemon secret from a Secret named for it alone.
 func TestPodForLimitsAndNamesItsSecret(t *testing.T) {
-	p := &Provisioner{kube: &kubeFleet{cfg: &KubeConfig{Image: "ghcr.io/cohort-dev/cohort:test", TmpSize: resource.MustParse("64Mi")}}}
-	in := &store.Intern{ID: "0f0e0d0c-0000-4000-8000-000000000001", Model: "m", DaemonSecret: "wrapped-1"}
-	pod := p.podFor(in, agentRun{})
+	p := &Backend{Config: Config{Image: "ghcr.io/cohort-dev/cohort:test", TmpSize: resource.MustParse("64Mi")}}
+	in := provision.Spec{ID: "0f0e0d0c-0000-4000-8000-000000000001", Model: "m"}
+	pod := p.podFor(in, provision.SecretTag("wrapped-1"), provision.AgentRun{})
 	for _, v := range pod.Spec.Volumes {
 		if v.PersistentVolumeClaim != nil {
 			continue
@@ -28,8 +29,7 @@ func TestPodForLimitsAndNamesItsSecret(t *testing.T) {
 	if !strings.HasPrefix(name, podName(in.ID)+"-") || name != secretName(in.ID, pod.Annotations[annSecret]) {
 		t.Errorf("the Pod's Secret %q is not named for the intern and this Pod", name)
 	}
-	in.DaemonSecret = "wrapped-2"
-	if other := podSecret(p.podFor(in, agentRun{})); other == name {
+	if other := podSecret(p.podFor(in, provision.SecretTag("wrapped-2"), provision.AgentRun{})); other == name {
 		t.Errorf("two Pods of two daemon secrets share the Secret %q", name)
 	}
 }
@@ -39,17 +39,17 @@ func TestPodForLimitsAndNamesItsSecret(t *testing.T) {
 // names them, so a change replaces the Pod.
 func TestPodForInternLimits(t *testing.T) {
 	q := resource.MustParse
-	cfg := &KubeConfig{Image: "i", TmpSize: q("1Gi"),
+	cfg := Config{Image: "i", TmpSize: q("1Gi"),
 		Requests: corev1.ResourceList{corev1.ResourceMemory: q("1Gi"), corev1.ResourceCPU: q("500m")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: q("4Gi"), corev1.ResourceCPU: q("2")}}
-	p := &Provisioner{kube: &kubeFleet{cfg: cfg}}
-	in := &store.Intern{ID: "0f0e0d0c-0000-4000-8000-000000000002", Model: "m", DaemonSecret: "s"}
-	plain := p.podFor(in, agentRun{})
+	p := &Backend{Config: cfg}
+	in := provision.Spec{ID: "0f0e0d0c-0000-4000-8000-000000000002", Model: "m"}
+	plain := p.podFor(in, "t", provision.AgentRun{})
 	if _, ok := plain.Annotations[annLimits]; ok {
 		t.Errorf("a Pod of an intern without limits of its own is annotated: %v", plain.Annotations)
 	}
 	in.Limits = store.InternLimits{Memory: 512 << 20, CPUs: 0.25, Tmpfs: 64 << 20, Processes: 100}
-	pod := p.podFor(in, agentRun{})
+	pod := p.podFor(in, "t", provision.AgentRun{})
 	r := pod.Spec.Containers[0].Resources
 	for _, c := range []struct {
 		what      string
@@ -72,12 +72,12 @@ func TestPodForInternLimits(t *testing.T) {
 	if got := pod.Annotations[annLimits]; got != "memory=536870912,cpus=0.25,tmpfs=67108864" {
 		t.Errorf("annotation %q", got)
 	}
-	if cfg.Limits.Memory().Cmp(q("4Gi")) != 0 || cfg.Requests.Memory().Cmp(q("1Gi")) != 0 {
-		t.Errorf("the operator's resources were changed: %v %v", cfg.Limits, cfg.Requests)
+	if p.Config.Limits.Memory().Cmp(q("4Gi")) != 0 || p.Config.Requests.Memory().Cmp(q("1Gi")) != 0 {
+		t.Errorf("the operator's resources were changed: %v %v", p.Config.Limits, p.Config.Requests)
 	}
 	// Above the operator's: the operator's hold.
 	in.Limits = store.InternLimits{Memory: 8 << 30, CPUs: 3}
-	r = p.podFor(in, agentRun{}).Spec.Containers[0].Resources
+	r = p.podFor(in, "t", provision.AgentRun{}).Spec.Containers[0].Resources
 	if r.Limits.Memory().Cmp(q("4Gi")) != 0 || r.Limits.Cpu().Cmp(q("2")) != 0 {
 		t.Errorf("limits above the operator's raised the Pod's: %v", r.Limits)
 	}

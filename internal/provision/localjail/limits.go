@@ -1,4 +1,4 @@
-package provision
+package localjail
 
 import (
 	"fmt"
@@ -35,15 +35,15 @@ func lower[T int | int64 | float64](op, own T) T {
 // the gateway may not make, and always the disk bound's reach (no quota
 // of the intern's directory as a whole: RLIMIT_FSIZE bounds each file).
 // It also removes the cgroups of jails that ended with no gateway attached.
-func (p *Provisioner) LimitWarnings() []string {
-	if p.Jail == nil {
+func (b *Backend) LimitWarnings() []string {
+	if b.Jail == nil {
 		return nil
 	}
 	jail.SweepCgroups()
-	return LimitWarnings(p.Jail.Limits)
+	return LimitWarnings(b.Jail.Limits)
 }
 
-// LimitWarnings is Provisioner.LimitWarnings for any jail's limits
+// LimitWarnings is Backend.LimitWarnings for any jail's limits
 // (`cohort intern --jail`).
 func LimitWarnings(l jail.Limits) []string {
 	out := jail.CheckLimits(l)
