@@ -26,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/server"
@@ -85,12 +86,12 @@ func newFixtureDaemon(t testing.TB, db *bun.DB, cfg func(*runs.Config), deadline
 	}
 	srv := testutil.ServeH2C(t, d.Handler())
 	t.Cleanup(func() { srv.Close(); d.Close() })
-	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Mode: provision.Remote}
+	prov := &provision.Provisioner{DB: e.DB, KEK: e.Server.KEK, Backend: &remote.Backend{}}
 	ctx := context.Background()
 	if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternProvisioning).Where("id = ?", e.InternID).Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prov.Register(ctx, e.InternID, srv.URL, secret); err != nil {
+	if _, err := remote.Register(ctx, prov, e.InternID, srv.URL, secret); err != nil {
 		t.Fatal(err)
 	}
 	e.Server.Chat.Daemons = prov
