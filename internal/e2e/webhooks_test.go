@@ -69,10 +69,11 @@ func webhookAfterKill(t *testing.T, dbURL string) {
 		t.Fatalf("create endpoint: %s", res)
 	}
 
-	// The runs code enqueues in its own transaction; this test writes the
-	// same row through the same function, on the gateway's database.
+	// Only the delivery is under test here: the row is written through the
+	// function the runs code calls, with a run object shaped as it builds
+	// one (TestWebhookReceiverAnswersPause uses a real run).
 	db := openDB(t, c, dbURL)
-	run := `{"id":"run_kill","status":"paused","interaction":{"id":"call_1"}}`
+	run := `{"id":"run_kill","object":"intern.run","status":"paused","pending_interaction":{"id":"call_1"}}`
 	if err := db.RunInTx(context.Background(), nil, func(ctx context.Context, tx bun.Tx) error {
 		return webhooks.RunChanged(ctx, tx, c.WS, webhooks.RunPaused, json.RawMessage(run))
 	}); err != nil {
@@ -187,18 +188,27 @@ func do(t *testing.T, req *http.Request) []byte {
 	return b
 }
 
-// A caller that reacts to a pause by webhook: a run paused for approval is
-// announced (run.paused, carrying the pending interaction) to a real
-// receiver, which checks the signature by hand and answers the
-// interaction with the normal tool-message chat request; the run goes on
-// to its end. Until the runs code announces pauses itself, the test
-// enqueues the event as it will, with the run object built from the
-// paused stream.
+// A caller that reacts to a pause by webhook, with a real background run:
+// a "background": true turn in manual approval mode pauses for approval;
+// the gateway announces it (run.paused, the run object with its
+// pending_interaction) to a real receiver, which checks the signature by
+// hand and answers with the normal tool message; the run goes on in the
+// background, run.completed arrives, and GET run shows it completed.
 func TestWebhookReceiverAnswersPause(t *testing.T) {
-	var secret string
-	var gwURL, key string
-	result := make(chan *stream, 1)
-	fail := make(chan string, 1)
+	type runData struct {
+		ID                 string `json:"id"`
+		InternID           string `json:"intern_id"`
+		SessionID          string `json:"session_id"`
+		Status             string `json:"status"`
+		PendingInteraction struct {
+			ID string `json:"id"`
+		} `json:"pending_interaction"`
+	}
+	var secret, gwURL, key string
+	var mu sync.Mutex
+	var types []string
+	completed := make(chan runData, 1)
+	fail := make(chan string, 4)
 	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		h := r.Header.Clone()
@@ -211,27 +221,45 @@ func TestWebhookReceiverAnswersPause(t *testing.T) {
 		// Acknowledge at once, answer after (receivers work asynchronously).
 		w.WriteHeader(http.StatusNoContent)
 		var ev struct {
-			Type string `json:"type"`
-			Data struct {
-				InternID    string          `json:"intern_id"`
-				SessionID   string          `json:"session_id"`
-				Interaction json.RawMessage `json:"interaction"`
-			} `json:"data"`
+			Type string  `json:"type"`
+			Data runData `json:"data"`
 		}
-		if err := json.Unmarshal(body, &ev); err != nil || ev.Type != webhooks.RunPaused {
+		if err := json.Unmarshal(body, &ev); err != nil {
 			fail <- "event " + string(body)
 			return
 		}
-		var call struct {
-			ID string `json:"id"`
+		mu.Lock()
+		types = append(types, ev.Type)
+		mu.Unlock()
+		switch ev.Type {
+		case webhooks.RunPaused:
+			if ev.Data.Status != "paused" || ev.Data.PendingInteraction.ID == "" || ev.Data.SessionID == "" {
+				fail <- "paused event without its pending interaction: " + string(body)
+				return
+			}
+			go func() {
+				answer := reply(ev.Data.SessionID, ev.Data.PendingInteraction.ID, "allow_once")
+				req, _ := http.NewRequest("POST", gwURL+"/api/v1/interns/"+ev.Data.InternID+"/chat/completions", strings.NewReader(answer))
+				req.Header.Set("Authorization", "Bearer "+key)
+				req.Header.Set("Content-Type", "application/json")
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					fail <- err.Error()
+					return
+				}
+				out, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				// A tool message answering a paused background run continues it
+				// in the background: 202 and the run.
+				if res.StatusCode != http.StatusAccepted || !strings.Contains(string(out), ev.Data.ID) {
+					fail <- fmt.Sprintf("answer: %d %s", res.StatusCode, out)
+				}
+			}()
+		case webhooks.RunCompleted:
+			completed <- ev.Data
+		default:
+			fail <- "unexpected event " + string(body)
 		}
-		json.Unmarshal(ev.Data.Interaction, &call)
-		answer := `{"stream":true,"session_id":"` + ev.Data.SessionID + `","messages":[` +
-			`{"role":"assistant","content":null,"tool_calls":[` + string(ev.Data.Interaction) + `]},` +
-			`{"role":"tool","tool_call_id":"` + call.ID + `","content":"allow_once"}]}`
-		go func() {
-			result <- readAll(t, chat(t, &proc{URL: gwURL}, key, ev.Data.InternID, answer))
-		}()
 	}))
 	t.Cleanup(rc.Close)
 
@@ -241,30 +269,42 @@ func TestWebhookReceiverAnswersPause(t *testing.T) {
 	var created struct {
 		Secret string `json:"secret"`
 	}
-	json.Unmarshal(post(t, gw.URL+"/api/v1/webhooks/endpoints", c.WK, fmt.Sprintf(`{"url":%q,"events":["run.paused"]}`, rc.URL)), &created)
+	json.Unmarshal(post(t, gw.URL+"/api/v1/webhooks/endpoints", c.WK,
+		fmt.Sprintf(`{"url":%q,"events":["run.paused","run.completed"]}`, rc.URL)), &created)
 	secret = created.Secret
 
-	s := readAll(t, chat(t, gw, c.WK, d.id, user("$ echo answered-by-webhook", `"approval_mode":"manual"`)))
-	if s.Finish != "tool_calls" {
-		t.Fatalf("pause: %q", s.Finish)
-	}
-	interaction, _ := json.Marshal(s.ToolCall)
-	run, _ := json.Marshal(map[string]any{"id": "run_pause", "object": "run", "status": "paused", "intern_id": d.id,
-		"session_id": s.Session, "interaction": json.RawMessage(interaction)})
-	db := openDB(t, c, "")
-	if err := db.RunInTx(context.Background(), nil, func(ctx context.Context, tx bun.Tx) error {
-		return webhooks.RunChanged(ctx, tx, c.WS, webhooks.RunPaused, run)
-	}); err != nil {
-		t.Fatal(err)
+	res := chat(t, gw, c.WK, d.id, user("$ echo answered-by-webhook", `"background":true`, `"approval_mode":"manual"`))
+	raw, _ := io.ReadAll(res.Body)
+	var started runData
+	if err := json.Unmarshal(raw, &started); err != nil || res.StatusCode != http.StatusAccepted || started.ID == "" {
+		t.Fatalf("start: %d %s", res.StatusCode, raw)
 	}
 	select {
-	case r := <-result:
-		if r.Finish != "stop" || !strings.Contains(r.Text, "answered-by-webhook") {
-			t.Fatalf("the run after the webhook's answer: %q %q", r.Finish, r.Text)
+	case done := <-completed:
+		if done.ID != started.ID || done.Status != "completed" {
+			t.Fatalf("run.completed for %+v, started %s", done, started.ID)
 		}
 	case msg := <-fail:
 		t.Fatal(msg)
-	case <-time.After(wait):
-		t.Fatal("no webhook arrived")
+	case <-time.After(3 * wait):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("no run.completed; events so far %v, run %v", types, getRun(t, gw, c.WK, d.id, started.ID))
+	}
+	mu.Lock()
+	if len(types) != 2 || types[0] != webhooks.RunPaused {
+		t.Fatalf("events %v", types)
+	}
+	mu.Unlock()
+	run := getRun(t, gw, c.WK, d.id, started.ID)
+	if run["status"] != "completed" || run["pending_interaction"] != nil {
+		t.Fatalf("GET run: %v", run)
+	}
+	text := ""
+	for _, ev := range runEvents(t, gw, c.WK, d.id, started.ID, 0) {
+		text += ev.data
+	}
+	if !strings.Contains(text, "answered-by-webhook") {
+		t.Fatalf("the run's output does not show the command ran: %s", text)
 	}
 }

@@ -75,7 +75,7 @@ func checkReceiver(t *testing.T, argv ...string) {
 	if _, err := e.DB.NewUpdate().Table("webhook_endpoints").Set("url = ?", url+"/hook").Where("1 = 1").Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	fire(t, e, e.WorkspaceID, webhooks.RunPaused, `{"id":"run_doc","status":"paused"}`)
+	fire(t, e, e.WorkspaceID, webhooks.RunPaused, `{"id":"run_doc","object":"intern.run","status":"paused","pending_interaction":{"id":"call_doc"}}`)
 	if n, err := worker(t, e, nil).RunOnce(context.Background()); n != 1 || err != nil {
 		t.Fatalf("deliver: %d %v", n, err)
 	}

@@ -87,7 +87,10 @@ func main() {
 			return
 		}
 		// webhook-id is the same on every retry: a receiver that must act
-		// once keeps the ids it has handled.
+		// once keeps the ids it has handled. Data is the run object as GET
+		// …/runs/{id} returns it: on run.paused, answer data.pending_interaction.id
+		// (the tool_call_id) in data.session_id, on POST
+		// /api/v1/interns/{data.intern_id}/chat/completions (docs/webhooks.md).
 		fmt.Printf("%s %s %s\n", r.Header.Get("webhook-id"), ev.Type, ev.Data)
 		w.WriteHeader(http.StatusNoContent)
 	})

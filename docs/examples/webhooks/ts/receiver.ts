@@ -57,6 +57,9 @@ const server = createServer((req, res) => {
     }
     const event = JSON.parse(body.toString("utf8"));
     // webhook-id is the same on every retry: dedupe on it to act once.
+    // event.data is the run object as GET …/runs/{id} returns it: on run.paused,
+    // answer event.data.pending_interaction.id (the tool_call_id) in
+    // event.data.session_id, on POST /api/v1/interns/{event.data.intern_id}/chat/completions.
     console.log(header(req.headers, "webhook-id"), event.type, JSON.stringify(event.data));
     res.writeHead(204).end();
   });
