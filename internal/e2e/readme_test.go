@@ -171,15 +171,13 @@ func TestReadmeExamples(t *testing.T) {
 
 	t.Run("typescript", func(t *testing.T) {
 		tsc, tsdir := prepareTypeScript(t)
-		var files []string
 		for _, b := range ts {
-			files = append(files, b.name)
 			body := strings.ReplaceAll(b.body, "http://127.0.0.1:8080", gw.URL)
 			if err := os.WriteFile(filepath.Join(tsdir, b.name), []byte(body), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
-		runReadmeBlock(t, 1, readmeBlock{name: "tsc"}, tsdir, env, "node", tsc, "-p", tsdir)
+		runReadmeBlock(t, 1, readmeBlock{name: "tsc of the README's TypeScript"}, tsdir, env, "node", tsc, "-p", tsdir)
 		tsEnv := append(env, "WK="+boot["workspace_key"], "IN="+boot["intern_id"])
 		for _, b := range ts {
 			js := filepath.Join(tsdir, "out", strings.TrimSuffix(b.name, ".ts")+".js")
