@@ -201,7 +201,10 @@ func newAgentGateway(t *testing.T, p agents.Profile) *agentGateway {
 	a.model = modelserver.Start(t, a.script.reply)
 	dataDir := t.TempDir()
 	a.c = &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
-	a.gw = a.c.Gateway(t, "--provisioner", "local", "--log-level", "info",
+	// A Node agent's first session/new took over 30 s (the default
+	// first-event budget) on a loaded 2-core machine: these tests check what
+	// the agents do, not how fast they start.
+	a.gw = a.c.Gateway(t, "--provisioner", "local", "--log-level", "info", "--first-event-timeout", agentFirstEvent,
 		"--intern-egress-allow-hosts", "127.0.0.1/32", "--http-tool-ca-file", a.target.CAFile,
 		"--agent-modules", modules, "--agent-endpoint", p.Name+"=http://model.localhost:"+a.model.Addr[strings.LastIndex(a.model.Addr, ":")+1:])
 	a.c.load(t)
@@ -247,6 +250,9 @@ func (a *agentGateway) turn(t *testing.T, prompt string, extra ...string) *strea
 // TestThirdPartyAgents runs every known agent as a real intern behind the
 // real gateway, jailed, against a scripted model: the compatibility matrix
 // of docs/agents.md, row by row.
+// agentFirstEvent is the third-party agent tests' first-event budget.
+const agentFirstEvent = "3m"
+
 func TestThirdPartyAgents(t *testing.T) {
 	for _, p := range agents.All() {
 		if shellCalls[p.Name] == nil {
@@ -532,7 +538,7 @@ func optionKinds(t *testing.T, args map[string]any) map[string]bool {
 // enough for each to answer a turn. The operator's other variables do not
 // reach it (the model sees the key the daemon was given, not the shell's).
 func TestThirdPartyAgentsUnjailed(t *testing.T) {
-	c, gw := newCluster(t, "")
+	c, gw := newCluster(t, "", "--first-event-timeout", agentFirstEvent)
 	for _, p := range agents.All() {
 		t.Run(p.Name, func(t *testing.T) {
 			modules := requireAgent(t, p)

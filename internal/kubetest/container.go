@@ -114,7 +114,7 @@ func (n *Node) container(p *pod, obj *corev1.Pod, c *corev1.Container, vols map[
 			if i == 0 || !pathChar(s[i-1]) {
 				for _, m := range mounts {
 					end := i + len(m.path)
-					if strings.HasPrefix(s[i:], m.path) && (end == len(s) || s[end] == '/' || !pathChar(s[end])) {
+					if strings.HasPrefix(s[i:], m.path) && (end == len(s) || s[end] == '/' || !pathChar(s[end])) && !hostPath(s[i:], m.path) {
 						b.WriteString(m.dir)
 						i, matched = end, true
 						break
@@ -161,6 +161,23 @@ func (n *Node) container(p *pod, obj *corev1.Pod, c *corev1.Container, vols map[
 		return nil, err
 	}
 	return &containerPlan{name: c.Name, spec: c, path: bin, argv: argv, env: env, dir: dir, rewrite: rewrite}, nil
+}
+
+// hostPath reports whether the path at the start of s, below the mount
+// path mp, already names a file on this host: the processes run on the host
+// without mount namespaces, and a host file the test hands in (an agent
+// installed in a checkout under /tmp) must not be taken for a path in the
+// Pod's volume. The mount path itself is always the Pod's.
+func hostPath(s, mp string) bool {
+	end := 0
+	for end < len(s) && pathChar(s[end]) {
+		end++
+	}
+	if p := path.Clean(s[:end]); p != mp {
+		_, err := os.Stat(p)
+		return err == nil
+	}
+	return false
 }
 
 func pathChar(b byte) bool {
