@@ -91,9 +91,136 @@ func (m *Manager) load(ctx context.Context, p *auth.Principal, internID, runID s
 	return in, &r, nil
 }
 
+// GetRun is the run runID of intern internID, for both doors.
+func (m *Manager) GetRun(ctx context.Context, p *auth.Principal, internID, runID string) (*store.Run, error) {
+	_, run, err := m.load(ctx, p, internID, runID)
+	return run, err
+}
+
+// ListSessionRuns is the session's background runs, oldest first, for
+// both doors.
+func (m *Manager) ListSessionRuns(ctx context.Context, p *auth.Principal, internID, sessionID string) ([]store.Run, error) {
+	in, err := m.Interns.Load(ctx, p, internID)
+	if err != nil {
+		return nil, err
+	}
+	var runs []store.Run
+	if err := m.DB.NewSelect().Model(&runs).Where("intern_id = ?", in.ID).Where("session_id = ?", sessionID).
+		OrderExpr("created_at, id").Limit(1000).Scan(ctx); err != nil {
+		return nil, apierr.Internal(err)
+	}
+	return runs, nil
+}
+
+// CancelRun cancels a run, for both doors. A paused run is cancelled at
+// once; a running one is asked to stop (its cancel_requested is true) and
+// becomes cancelled when the daemon has stopped it. A run that has ended
+// is 409 run_ended. It returns the run after the change.
+func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, runID string) (*store.Run, error) {
+	in, run, err := m.load(ctx, p, internID, runID)
+	if err != nil {
+		return nil, err
+	}
+	switch run.Status {
+	case store.RunPaused:
+		ok, err := m.end(ctx, run.ID, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the caller cancelled the run"))
+		if err != nil {
+			return nil, apierr.Internal(err)
+		}
+		if ok {
+			// The daemon holds the run open across its question: end it.
+			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+				m.Log.Warn("cancel a paused background run on its daemon", "run", run.ID, "err", err)
+			}
+		}
+	case store.RunRunning:
+		if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("cancel_requested = ?", true).Set("updated_at = ?", m.now()).
+			Where("id = ?", run.ID).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
+			return nil, apierr.Internal(err)
+		}
+		if run.SessionID != "" {
+			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+				return nil, err
+			}
+		}
+	default:
+		return nil, apierr.Conflict("run_ended", "the run has already ended: it is %s", run.Status)
+	}
+	_, run, err = m.load(ctx, p, in.ID, run.ID)
+	return run, err
+}
+
+// eventsBatch bounds the chunks read per query.
+const eventsBatch = 256
+
+// Tail sends run's chunks after sequence number after, in order, batch by
+// batch, live until the run has ended (then it returns nil); a paused
+// run's tail waits until the run goes on or ends. keepalive, when not
+// nil, is called when nothing was sent for a while. It returns send's or
+// keepalive's error, or the context's. Both doors' event streams are this
+// loop; the caller loads the run first (GetRun), so that a refusal comes
+// before its stream opens.
+func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send func([]store.RunEvent) error, keepalive func() error) error {
+	poll := time.NewTicker(m.Config.Poll)
+	defer poll.Stop()
+	keep := time.NewTimer(sse.DefaultKeepalive)
+	defer keep.Stop()
+	for {
+		// The status first: a run's last chunks commit with its ending,
+		// so after an ended status every chunk is there to read.
+		var status string
+		if err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("status").Where("id = ?", run.ID).Scan(ctx, &status); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, sql.ErrNoRows) {
+				return apierr.NotFound("run %q not found", run.ID)
+			}
+			return apierr.Internal(err)
+		}
+		var evs []store.RunEvent
+		if err := m.DB.NewSelect().Model(&evs).Where("run_id = ?", run.ID).Where("seq > ?", after).
+			OrderExpr("seq").Limit(eventsBatch).Scan(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return apierr.Internal(err)
+		}
+		if len(evs) > 0 {
+			if err := send(evs); err != nil {
+				return err
+			}
+			after = evs[len(evs)-1].Seq
+			keep.Reset(sse.DefaultKeepalive)
+			if len(evs) == eventsBatch {
+				continue
+			}
+		}
+		if terminal(status) {
+			return nil
+		}
+		// A chunk recorded between the reads above and this is found by
+		// the poll on the next tick.
+		wake := m.waiter(run.ID)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		case <-poll.C:
+		case <-keep.C:
+			if keepalive != nil {
+				if err := keepalive(); err != nil {
+					return err
+				}
+			}
+			keep.Reset(sse.DefaultKeepalive)
+		}
+	}
+}
+
 // Get is GET /api/v1/interns/{internId}/runs/{runId}.
 func (m *Manager) Get(w http.ResponseWriter, r *http.Request) {
-	_, run, err := m.load(r.Context(), auth.From(r.Context()), r.PathValue("internId"), r.PathValue("runId"))
+	run, err := m.GetRun(r.Context(), auth.From(r.Context()), r.PathValue("internId"), r.PathValue("runId"))
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return
@@ -101,19 +228,11 @@ func (m *Manager) Get(w http.ResponseWriter, r *http.Request) {
 	rest.WriteJSON(w, http.StatusOK, toObject(run))
 }
 
-// List is GET /api/v1/interns/{internId}/sessions/{sessionId}/runs: the
-// session's background runs, oldest first.
+// List is GET /api/v1/interns/{internId}/sessions/{sessionId}/runs.
 func (m *Manager) List(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	in, err := m.Interns.Load(ctx, auth.From(ctx), r.PathValue("internId"))
+	runs, err := m.ListSessionRuns(r.Context(), auth.From(r.Context()), r.PathValue("internId"), r.PathValue("sessionId"))
 	if err != nil {
 		rest.WriteError(w, r, err, true)
-		return
-	}
-	var runs []store.Run
-	if err := m.DB.NewSelect().Model(&runs).Where("intern_id = ?", in.ID).Where("session_id = ?", r.PathValue("sessionId")).
-		OrderExpr("created_at, id").Limit(1000).Scan(ctx); err != nil {
-		rest.WriteError(w, r, apierr.Internal(err), true)
 		return
 	}
 	out := struct {
@@ -126,47 +245,9 @@ func (m *Manager) List(w http.ResponseWriter, r *http.Request) {
 	rest.WriteJSON(w, http.StatusOK, out)
 }
 
-// Cancel is POST /api/v1/interns/{internId}/runs/{runId}/cancel. A paused
-// run is cancelled at once; a running one is asked to stop (its
-// cancel_requested is true) and becomes cancelled when the daemon has
-// stopped it. A run that has ended is 409 run_ended.
+// Cancel is POST /api/v1/interns/{internId}/runs/{runId}/cancel.
 func (m *Manager) Cancel(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	in, run, err := m.load(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
-	if err != nil {
-		rest.WriteError(w, r, err, true)
-		return
-	}
-	switch run.Status {
-	case store.RunPaused:
-		ok, err := m.end(ctx, run.ID, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the caller cancelled the run"))
-		if err != nil {
-			rest.WriteError(w, r, apierr.Internal(err), true)
-			return
-		}
-		if ok {
-			// The daemon holds the run open across its question: end it.
-			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
-				m.Log.Warn("cancel a paused background run on its daemon", "run", run.ID, "err", err)
-			}
-		}
-	case store.RunRunning:
-		if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("cancel_requested = ?", true).Set("updated_at = ?", m.now()).
-			Where("id = ?", run.ID).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
-			rest.WriteError(w, r, apierr.Internal(err), true)
-			return
-		}
-		if run.SessionID != "" {
-			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
-				rest.WriteError(w, r, err, true)
-				return
-			}
-		}
-	default:
-		rest.WriteError(w, r, apierr.Conflict("run_ended", "the run has already ended: it is %s", run.Status), true)
-		return
-	}
-	_, run, err = m.load(ctx, auth.From(ctx), in.ID, run.ID)
+	run, err := m.CancelRun(r.Context(), auth.From(r.Context()), r.PathValue("internId"), r.PathValue("runId"))
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return
@@ -174,18 +255,14 @@ func (m *Manager) Cancel(w http.ResponseWriter, r *http.Request) {
 	rest.WriteJSON(w, http.StatusOK, toObject(run))
 }
 
-// eventsBatch bounds the chunks read per query.
-const eventsBatch = 256
-
 // Events is GET /api/v1/interns/{internId}/runs/{runId}/events: the run's
-// chunks as the chat stream's server-sent events, each with its sequence
-// number as `id:`, from after Last-Event-ID (or ?after=, else from the
-// start), live until the run has ended (then `data: [DONE]`); a paused
-// run's stream stays open (keepalives) until the run goes on or ends.
-// Reading changes nothing: a reader that leaves cancels nothing.
+// chunks (Tail) as the chat stream's server-sent events, each with its
+// sequence number as `id:`, from after Last-Event-ID (or ?after=, else from
+// the start), then `data: [DONE]` once the run has ended; keepalives while
+// nothing comes.
 func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	_, run, err := m.load(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
+	run, err := m.GetRun(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return
@@ -197,7 +274,7 @@ func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	}
 	if from != "" {
 		if after, err = strconv.ParseInt(from, 10, 64); err != nil || after < 0 {
-			rest.WriteError(w, r, apierr.BadRequest("Last-Event-ID or after must be a sequence number (0 or more), not %q", from), true)
+			rest.WriteError(w, r, errAfter(from), true)
 			return
 		}
 	}
@@ -209,65 +286,32 @@ func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	write := func(b []byte) bool {
+	write := func(b []byte) error {
 		_ = rc.SetWriteDeadline(time.Now().Add(sse.DefaultWriteTimeout))
 		if _, err := w.Write(b); err != nil {
-			return false
+			return err
 		}
-		return rc.Flush() == nil
+		return rc.Flush()
 	}
-	poll := time.NewTicker(m.Config.Poll)
-	defer poll.Stop()
-	keep := time.NewTimer(sse.DefaultKeepalive)
-	defer keep.Stop()
 	var buf []byte
-	for {
-		// The status first: a run's last chunks commit with its ending,
-		// so after an ended status every chunk is there to read.
-		var status string
-		if err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("status").Where("id = ?", run.ID).Scan(ctx, &status); err != nil {
-			return // the run was deleted, or the caller left
+	err = m.Tail(ctx, run, after, func(evs []store.RunEvent) error {
+		buf = buf[:0]
+		for _, ev := range evs {
+			buf = append(buf, "id: "...)
+			buf = strconv.AppendInt(buf, ev.Seq, 10)
+			buf = append(buf, "\ndata: "...)
+			buf = append(buf, ev.Data...)
+			buf = append(buf, '\n', '\n')
 		}
-		var evs []store.RunEvent
-		if err := m.DB.NewSelect().Model(&evs).Where("run_id = ?", run.ID).Where("seq > ?", after).
-			OrderExpr("seq").Limit(eventsBatch).Scan(ctx); err != nil {
-			return
-		}
-		if len(evs) > 0 {
-			buf = buf[:0]
-			for _, ev := range evs {
-				buf = append(buf, "id: "...)
-				buf = strconv.AppendInt(buf, ev.Seq, 10)
-				buf = append(buf, "\ndata: "...)
-				buf = append(buf, ev.Data...)
-				buf = append(buf, '\n', '\n')
-				after = ev.Seq
-			}
-			if !write(buf) {
-				return
-			}
-			keep.Reset(sse.DefaultKeepalive)
-			if len(evs) == eventsBatch {
-				continue
-			}
-		}
-		if terminal(status) {
-			write([]byte("data: [DONE]\n\n"))
-			return
-		}
-		// A chunk recorded between the reads above and this is found by
-		// the poll on the next tick.
-		wake := m.waiter(run.ID)
-		select {
-		case <-ctx.Done():
-			return
-		case <-wake:
-		case <-poll.C:
-		case <-keep.C:
-			if !write([]byte(": keepalive\n\n")) {
-				return
-			}
-			keep.Reset(sse.DefaultKeepalive)
-		}
+		return write(buf)
+	}, func() error { return write([]byte(": keepalive\n\n")) })
+	if err == nil {
+		write([]byte("data: [DONE]\n\n")) //nolint:errcheck
 	}
+	// Otherwise the run was deleted or the caller left: the stream just ends.
+}
+
+// errAfter refuses a resume point that is not a sequence number.
+func errAfter(from string) error {
+	return apierr.BadRequest("Last-Event-ID or after must be a sequence number (0 or more), not %q", from)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/rest"
+	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -133,6 +134,9 @@ func (s *Server) routes() []route {
 		// Background runs (docs/background.md): the chat's gates, for API
 		// keys only (the chat stays the one route of access tokens, which
 		// cannot start background runs either).
+		{service: cohortv1connect.RunServiceName, access: runsAccess, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewRunServiceHandler(runs.Handler{M: s.Runs}, o...)
+		}},
 		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}", access: runsAccess, reasons: true, handler: s.Runs.Get},
 		{pattern: "GET " + Prefix + "/interns/{internId}/runs/{runId}/events", access: runsAccess, reasons: true, handler: s.Runs.Events},
 		{pattern: "POST " + Prefix + "/interns/{internId}/runs/{runId}/cancel", access: runsAccess, reasons: true, handler: s.Runs.Cancel},
