@@ -91,14 +91,20 @@ func CheckProgramme(p *auth.Principal) error {
 	return nil
 }
 
-// workspaceFor picks the workspace a request acts on: the key's own, or for
-// a management key the one named. There is no fallback to another scope.
+// workspaceFor picks the workspace a request acts on (WorkspaceFor).
 func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named string) (string, error) {
+	return WorkspaceFor(ctx, s.DB, p, named)
+}
+
+// WorkspaceFor picks the workspace a request acts on: the key's own, or for
+// a management key the one named, in its organization. There is no fallback
+// to another scope.
+func WorkspaceFor(ctx context.Context, db bun.IDB, p *auth.Principal, named string) (string, error) {
 	if p.IsManagement() {
 		if named == "" {
 			return "", apierr.BadRequest("workspace_id is required with a management key")
 		}
-		ok, err := s.DB.NewSelect().Model((*store.Workspace)(nil)).Where("id = ? AND organization_id = ?", named, p.OrganizationID).Exists(ctx)
+		ok, err := db.NewSelect().Model((*store.Workspace)(nil)).Where("id = ? AND organization_id = ?", named, p.OrganizationID).Exists(ctx)
 		if err != nil {
 			return "", apierr.Internal(err)
 		}

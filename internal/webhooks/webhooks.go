@@ -83,7 +83,7 @@ func (s *Service) Notify() {
 // another row does not unwrap.
 func secretAD(endpointID string) []byte { return []byte("cohort webhook secret " + endpointID) }
 
-// admit is the gate of every call: the interns programme (runs are
+// workspaceFor is the gate of every call: the interns programme (runs are
 // interns' runs), a creator who has not left, and the workspace the call
 // acts on (a management key names it; other keys act on their own).
 func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named string) (string, error) {
@@ -96,26 +96,7 @@ func (s *Service) workspaceFor(ctx context.Context, p *auth.Principal, named str
 	if named != "" && !plainID(named) {
 		return "", apierr.NotFound("workspace %q not found", clip(named))
 	}
-	if p.IsManagement() {
-		if named == "" {
-			return "", apierr.BadRequest("workspace_id is required with a management key")
-		}
-		ok, err := s.DB.NewSelect().Model((*store.Workspace)(nil)).Where("id = ? AND organization_id = ?", named, p.OrganizationID).Exists(ctx)
-		if err != nil {
-			return "", apierr.Internal(err)
-		}
-		if !ok {
-			return "", apierr.NotFound("workspace %q not found", named)
-		}
-		return named, nil
-	}
-	if p.WorkspaceID == "" {
-		return "", apierr.Forbidden("this key has no active workspace")
-	}
-	if named != "" && named != p.WorkspaceID {
-		return "", apierr.NotFound("workspace %q not found", named)
-	}
-	return p.WorkspaceID, nil
+	return interns.WorkspaceFor(ctx, s.DB, p, named)
 }
 
 // plainID reports whether id can name a row: ids are short and of
