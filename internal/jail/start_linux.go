@@ -149,10 +149,12 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		}
 		return nil, err
 	}
-	go func() {
-		specW.Write(payload)
-		specW.Close()
-	}()
+	// Written before Start returns, not behind it: a caller that exits
+	// right after starting a Control jail (one meant to outlive it) must
+	// not take the spec with it. The init reads it first thing; if the
+	// init is already gone the write fails and its exit says why.
+	specW.Write(payload)
+	specW.Close()
 	j := &Jail{Process: cmd.Process, conn: conn, done: make(chan struct{}), control: spec.Control != "",
 		tag: spec.Tag, pid: cmd.Process.Pid, output: o.Output, exit: -1}
 	reaped := make(chan struct{})
