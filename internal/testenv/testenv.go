@@ -143,6 +143,10 @@ func (e *Env) Do(t testing.TB, method, path, key, contentType, body string) (int
 // Logs returns every log line the gateway has written so far.
 func (e *Env) Logs() string { return e.logs.String() }
 
+// TakeLogs returns the log lines written since the last TakeLogs and
+// forgets them.
+func (e *Env) TakeLogs() string { return e.logs.take() }
+
 // HTTPClient is the client to use with connect-go clients against URL.
 func (e *Env) HTTPClient() *http.Client { return e.HTTP.Client() }
 
