@@ -536,7 +536,11 @@ type StreamRunEventsResponse struct {
 	// The chunk's sequence number in the run (1, 2, …, no gaps).
 	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// The chunk exactly as the chat stream sent it.
-	Chunk         *ChatCompletionChunk `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	Chunk *ChatCompletionChunk `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// A keepalive: sent after the keepalive interval of silence (the REST
+	// stream's `: keepalive` comment), so that idle proxies keep a paused
+	// run's stream open. It carries no chunk and seq 0; clients skip it.
+	Keepalive     bool `protobuf:"varint,3,opt,name=keepalive,proto3" json:"keepalive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -585,6 +589,13 @@ func (x *StreamRunEventsResponse) GetChunk() *ChatCompletionChunk {
 	return nil
 }
 
+func (x *StreamRunEventsResponse) GetKeepalive() bool {
+	if x != nil {
+		return x.Keepalive
+	}
+	return false
+}
+
 var File_cohort_v1_run_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_run_proto_rawDesc = "" +
@@ -631,10 +642,11 @@ const file_cohort_v1_run_proto_rawDesc = "" +
 	"\x16StreamRunEventsRequest\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x14\n" +
-	"\x05after\x18\x03 \x01(\x03R\x05after\"a\n" +
+	"\x05after\x18\x03 \x01(\x03R\x05after\"\x7f\n" +
 	"\x17StreamRunEventsResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x124\n" +
-	"\x05chunk\x18\x02 \x01(\v2\x1e.cohort.v1.ChatCompletionChunkR\x05chunk2\xc9\x02\n" +
+	"\x05chunk\x18\x02 \x01(\v2\x1e.cohort.v1.ChatCompletionChunkR\x05chunk\x12\x1c\n" +
+	"\tkeepalive\x18\x03 \x01(\bR\tkeepalive2\xc9\x02\n" +
 	"\n" +
 	"RunService\x12=\n" +
 	"\x06GetRun\x12\x18.cohort.v1.GetRunRequest\x1a\x19.cohort.v1.GetRunResponse\x12X\n" +
