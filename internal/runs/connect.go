@@ -65,7 +65,8 @@ func (h Handler) CancelRun(ctx context.Context, req *connect.Request[cohortv1.Ca
 }
 
 // StreamRunEvents is the typed event stream: each stored chunk with its
-// sequence number; the stream ends when the run has ended.
+// sequence number, a keepalive message (no chunk, seq 0) after
+// Config.Keepalive of silence; the stream ends when the run has ended.
 func (h Handler) StreamRunEvents(ctx context.Context, req *connect.Request[cohortv1.StreamRunEventsRequest], out *connect.ServerStream[cohortv1.StreamRunEventsResponse]) error {
 	run, err := h.M.GetRun(ctx, auth.From(ctx), req.Msg.GetInternId(), req.Msg.GetRunId())
 	if err != nil {
@@ -86,7 +87,11 @@ func (h Handler) StreamRunEvents(ctx context.Context, req *connect.Request[cohor
 			}
 		}
 		return nil
-	}, nil)
+	}, func() error {
+		// A paused run is silent for as long as its question waits:
+		// without this, idle timeouts of proxies cut the stream.
+		return out.Send(&cohortv1.StreamRunEventsResponse{Keepalive: true})
+	})
 }
 
 // toProto is the run object (toObject) as RunService shows it.

@@ -156,14 +156,14 @@ const eventsBatch = 256
 // Tail sends run's chunks after sequence number after, in order, batch by
 // batch, live until the run has ended (then it returns nil); a paused
 // run's tail waits until the run goes on or ends. keepalive, when not
-// nil, is called when nothing was sent for a while. It returns send's or
+// nil, is called after Config.Keepalive of silence. It returns send's or
 // keepalive's error, or the context's. Both doors' event streams are this
 // loop; the caller loads the run first (GetRun), so that a refusal comes
 // before its stream opens.
 func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send func([]store.RunEvent) error, keepalive func() error) error {
 	poll := time.NewTicker(m.Config.Poll)
 	defer poll.Stop()
-	keep := time.NewTimer(sse.DefaultKeepalive)
+	keep := time.NewTimer(m.Config.Keepalive)
 	defer keep.Stop()
 	for {
 		// The status first: a run's last chunks commit with its ending,
@@ -191,7 +191,7 @@ func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send fu
 				return err
 			}
 			after = evs[len(evs)-1].Seq
-			keep.Reset(sse.DefaultKeepalive)
+			keep.Reset(m.Config.Keepalive)
 			if len(evs) == eventsBatch {
 				continue
 			}
@@ -213,7 +213,7 @@ func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send fu
 					return err
 				}
 			}
-			keep.Reset(sse.DefaultKeepalive)
+			keep.Reset(m.Config.Keepalive)
 		}
 	}
 }

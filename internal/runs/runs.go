@@ -29,6 +29,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -73,6 +74,10 @@ type Config struct {
 	// PauseGrace is how long after its question's deadline a paused run
 	// is ended here (the daemon has cancelled it by then).
 	PauseGrace time.Duration
+	// Keepalive is the silence after which an event stream (both doors)
+	// sends a keepalive, so that idle proxies keep a paused run's stream
+	// open; sse.DefaultKeepalive (the spec's 30 s) when 0.
+	Keepalive time.Duration
 }
 
 func (c *Config) defaults() {
@@ -93,6 +98,9 @@ func (c *Config) defaults() {
 	}
 	if c.PauseGrace <= 0 {
 		c.PauseGrace = 30 * time.Second
+	}
+	if c.Keepalive <= 0 {
+		c.Keepalive = sse.DefaultKeepalive
 	}
 }
 

@@ -193,7 +193,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	}
 	s.Webhooks.Wake = s.WebhookWorker.Wake
 	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.BackgroundMaxRunning, MaxEventBytes: cfg.BackgroundEventBytes,
-		Retention: cfg.BackgroundRetention, Lease: cfg.BackgroundLease})
+		Retention: cfg.BackgroundRetention, Lease: cfg.BackgroundLease, Keepalive: cfg.ChatKeepalive})
 	// A run's status changes become webhook events in the same transaction.
 	s.Runs.Notifier = s.Webhooks
 	s.Chat.Background = s.Runs
