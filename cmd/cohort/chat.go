@@ -17,7 +17,7 @@ func chatFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 		dst                   *time.Duration
 		raw                   *string
 	}{
-		{"chat-keepalive", "COHORT_CHAT_KEEPALIVE", "silence after which a chat stream sends a ': keepalive' comment (the spec's 30s)", &cfg.ChatKeepalive, nil},
+		{"chat-keepalive", "COHORT_CHAT_KEEPALIVE", "silence after which a chat stream or a background run's event stream sends a keepalive (': keepalive'; on Connect a keepalive message) (the spec's 30s)", &cfg.ChatKeepalive, nil},
 		{"first-event-timeout", "COHORT_FIRST_EVENT_TIMEOUT", "request budget: how long a chat request waits for the agent's first event before 504 timeout", &cfg.FirstEventTimeout, nil},
 		{"event-timeout", "COHORT_EVENT_TIMEOUT", "longest silence of an intern on an open chat stream before the stream ends with a timeout", &cfg.EventTimeout, nil},
 		{"turn-timeout", "COHORT_TURN_TIMEOUT", "longest a chat request's run may take in all (time paused for an answer excluded) before it ends with a timeout and is cancelled", &cfg.TurnTimeout, nil},
