@@ -32,11 +32,7 @@ Usage:
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	command := ""
-	if len(os.Args) > 1 {
-		command = os.Args[1]
-	}
-	err := interncmd.Profiled(command, func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+	err := interncmd.Profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "cohort-intern:", err)

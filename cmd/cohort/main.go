@@ -41,7 +41,7 @@ Run "cohort <command> -h" for a command's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := interncmd.Profiled(command(), func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+	err := interncmd.Profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "cohort:", err)
@@ -90,14 +90,6 @@ var (
 	startTracing = interncmd.StartTracing
 	limitFlags   = interncmd.LimitFlags
 )
-
-// command is the command this process runs (os.Args[1]), for profiles.
-func command() string {
-	if len(os.Args) < 2 {
-		return ""
-	}
-	return os.Args[1]
-}
 
 // dbFlags registers the flags every command that opens the database shares.
 func dbFlags(fs *flag.FlagSet, cfg *config.Config) {

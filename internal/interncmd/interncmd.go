@@ -82,12 +82,12 @@ func StartTracing(ctx context.Context, service string) (func(), error) {
 // `cohort-bench chat --profile-dir` sets it for the gateway and daemon it
 // starts, and the agents a daemon starts inherit it, hence the command in
 // the name).
-func Profiled(command string, f func() error) error {
+func Profiled(f func() error) error {
 	prefix := os.Getenv("COHORT_CPUPROFILE")
-	if prefix == "" || command == "" {
+	if prefix == "" || len(os.Args) < 2 {
 		return f()
 	}
-	out, err := os.Create(prefix + "." + filepath.Base(command) + ".pprof")
+	out, err := os.Create(prefix + "." + filepath.Base(os.Args[1]) + ".pprof")
 	if err != nil {
 		return err
 	}
