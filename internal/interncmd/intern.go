@@ -257,6 +257,7 @@ func readSecretFD(fd int) (string, error) {
 	return s, nil
 }
 
+// EnvInt is Env for a whole number; an unparsable value is def.
 func EnvInt(name string, def int) int {
 	if v, ok := os.LookupEnv(name); ok {
 		if n, err := strconv.Atoi(v); err == nil {
@@ -266,6 +267,7 @@ func EnvInt(name string, def int) int {
 	return def
 }
 
+// EnvDuration is Env for a duration (5m); an unparsable value is def.
 func EnvDuration(name string, def time.Duration) time.Duration {
 	if v, ok := os.LookupEnv(name); ok {
 		if d, err := time.ParseDuration(v); err == nil {
