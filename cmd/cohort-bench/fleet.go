@@ -37,6 +37,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	wakes := fs.Int("wakes", 40, "turns to a sleeping intern (and as many to an awake one, interleaved)")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: SQLite in a temporary data directory)")
 	unsafe := fs.Bool("unsafe-shared-host", false, "run the interns unjailed (to compare)")
+	internBin := fs.String("intern-binary", "", "the gateway's --intern-binary: what interns run from (the cohort binary itself, to compare); default: cohort-intern beside the cohort binary if it is there, else the cohort binary")
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,6 +56,14 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		"--provisioner", "local", "--intern-idle-timeout", "1h", "--intern-start-concurrency", "8", "--turn-rate", "100000/s"}
 	if *dbURL != "" {
 		serveArgs = append(serveArgs, "--database-url", *dbURL)
+	}
+	if *internBin != "" {
+		serveArgs = append(serveArgs, "--intern-binary", *internBin)
+		fmt.Fprintf(stdout, "interns run from: %s\n", *internBin)
+	} else if small := filepath.Join(filepath.Dir(cohort), "cohort-intern"); fileExists(small) {
+		fmt.Fprintf(stdout, "interns run from: %s (if the same build)\n", small)
+	} else {
+		fmt.Fprintf(stdout, "interns run from: %s\n", cohort)
 	}
 	if *unsafe {
 		serveArgs = append(serveArgs, "--unsafe-shared-host")
@@ -239,6 +248,11 @@ func startListening(cmd *exec.Cmd, stderr io.Writer) (string, error) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	return "", fmt.Errorf("%s exited before listening", filepath.Base(cmd.Args[1]))
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // benchDir is a temporary directory for a load command's children and the

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/interncmd"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
@@ -111,17 +112,11 @@ func binaryDir() []string {
 	return []string{dir}
 }
 
-// jailedDaemon is `cohort intern --jail`: this process stays outside, holds
-// the listener, the secret and the relays, and runs the daemon (and its
-// agent) in a jail made like the local provisioner's.
-type jailedDaemon struct {
-	listen, dataDir, internID, model, secret, gatewayURL string
-	readOnly, hide, args                                 []string
-	limits                                               config.InternLimits
-}
-
-func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writer, log *slog.Logger) error {
-	dir, err := filepath.Abs(o.dataDir)
+// runJailedDaemon is `cohort intern --jail`: this process stays outside,
+// holds the listener, the secret and the relays, and runs the daemon (and
+// its agent) in a jail made like the local provisioner's.
+func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.Writer, log *slog.Logger) error {
+	dir, err := filepath.Abs(o.DataDir)
 	if err != nil {
 		return err
 	}
@@ -133,12 +128,12 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 		return err
 	}
 	gwAddr := ""
-	if o.gatewayURL != "" {
-		u, err := url.Parse(o.gatewayURL)
+	if o.GatewayURL != "" {
+		u, err := url.Parse(o.GatewayURL)
 		if err != nil || u.Host == "" || u.Scheme != "http" {
 			// The jail reaches the gateway through a plain relay: https
 			// would need the gateway's name inside, which it has not.
-			return fmt.Errorf("--gateway-url with --jail must be http://host:port/…, not %q", o.gatewayURL)
+			return fmt.Errorf("--gateway-url with --jail must be http://host:port/…, not %q", o.GatewayURL)
 		}
 		gwAddr = u.Host
 		if u.Port() == "" {
@@ -152,22 +147,22 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	defer relay.Close()
-	jc := localjail.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.readOnly,
-		Hide: localjail.HiddenPaths(append(o.hide, binaryDir()...)...), Limits: jailLimits(o.limits)}
+	jc := localjail.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.ReadOnly,
+		Hide: localjail.HiddenPaths(append(o.Hide, binaryDir()...)...), Limits: jailLimits(o.Limits)}
 	if key != "" {
 		jc.ModelKeyPlaceholder = modelKeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		return err
 	}
-	dj := localjail.DaemonJail{InternID: o.internID, Model: o.model, HostDir: dir, Self: []string{self}, DaemonArgs: o.args, JailConfig: jc}
+	dj := localjail.DaemonJail{InternID: o.InternID, Model: o.Model, HostDir: dir, Self: []string{self}, DaemonArgs: o.Args, JailConfig: jc}
 	if err := jail.Probe(dj.Spec()); err != nil {
 		return fmt.Errorf("this machine cannot make the jail: %w", err)
 	}
 	for _, w := range localjail.LimitWarnings(jc.Limits) {
 		log.Warn("a limit of the jail is not enforced on this host", "limit", w)
 	}
-	ln, err := net.Listen("tcp", o.listen)
+	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return err
 	}
@@ -180,7 +175,7 @@ func runJailedDaemon(ctx context.Context, o jailedDaemon, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	j, err := dj.Start(lf, o.secret, outW, stderrFile(stderr), nil)
+	j, err := dj.Start(lf, o.Secret, outW, stderrFile(stderr), nil)
 	lf.Close()
 	outW.Close()
 	if err != nil {

@@ -8,12 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -22,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/buildinfo"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/interncmd"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -43,35 +41,13 @@ Run "cohort <command> -h" for a command's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+	err := interncmd.Profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "cohort:", err)
 		}
 		os.Exit(1)
 	}
-}
-
-// profiled runs f under a CPU profile written to
-// $COHORT_CPUPROFILE.<command>.pprof when that variable is set (any command;
-// `cohort-bench chat --profile-dir` sets it for the gateway and daemon it
-// starts, and the agents a daemon starts inherit it, hence the command in
-// the name).
-func profiled(f func() error) error {
-	prefix := os.Getenv("COHORT_CPUPROFILE")
-	if prefix == "" || len(os.Args) < 2 {
-		return f()
-	}
-	out, err := os.Create(prefix + "." + filepath.Base(os.Args[1]) + ".pprof")
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	if err := pprof.StartCPUProfile(out); err != nil {
-		return err
-	}
-	defer pprof.StopCPUProfile()
-	return f()
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -87,9 +63,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "migrate":
 		return migrateCmd(ctx, args[1:], stdout, stderr)
 	case "intern":
-		return internCmd(ctx, args[1:], stdout, stderr)
+		return interncmd.Intern(ctx, args[1:], stdout, stderr, runJailedDaemon)
 	case "agent":
-		return agentCmd(ctx, args[1:], os.Stdin, stdout, stderr)
+		return interncmd.Agent(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "bench":
 		return errors.New(strings.TrimSpace("the load commands left the product binary: go run ./cmd/cohort-bench " + strings.Join(args[1:], " ")))
 	case "version", "--version", "-version":
@@ -104,23 +80,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-// env returns the value of a COHORT_* variable, or def.
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
-}
-
-func envBool(name string, def bool) bool {
-	if v, ok := os.LookupEnv(name); ok {
-		b, err := strconv.ParseBool(v)
-		if err == nil {
-			return b
-		}
-	}
-	return def
-}
+// The helpers cmd/cohort shares with cmd/cohort-intern.
+var (
+	env          = interncmd.Env
+	envBool      = interncmd.EnvBool
+	envDuration  = interncmd.EnvDuration
+	splitList    = interncmd.SplitList
+	newLogger    = interncmd.NewLogger
+	startTracing = interncmd.StartTracing
+	limitFlags   = interncmd.LimitFlags
+)
 
 // dbFlags registers the flags every command that opens the database shares.
 func dbFlags(fs *flag.FlagSet, cfg *config.Config) {
@@ -157,14 +126,6 @@ func kekPath(cfg config.Config) string {
 		return cfg.KEKFile
 	}
 	return filepath.Join(cfg.DataDir, "kek.json")
-}
-
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
-		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

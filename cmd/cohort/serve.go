@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
@@ -43,6 +42,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
 	egressAllow := fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
 	toolCA := fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA (COHORT_HTTP_TOOL_CA_FILE)")
+	internBinary := fs.String("intern-binary", env("COHORT_INTERN_BINARY", ""), "with local, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning (COHORT_INTERN_BINARY)")
 	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	federationFlags(fs, &cfg)
 	webhookFlags(fs, &cfg)
@@ -122,6 +122,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ln.Close()
+	if cfg.Provisioner == localjail.Name {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.InternBinary = localjail.InternBinary(ctx, *internBinary, self, log)
+	}
 	var jc *localjail.JailConfig
 	if cfg.Provisioner == localjail.Name && !cfg.UnsafeSharedHost {
 		// The data directory exists before the jail's hidden paths are
@@ -226,17 +233,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// splitList splits a comma-separated flag value, dropping empty entries.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // localGatewayURL is how a daemon on this machine reaches the gateway's
 // API: the listener's port on loopback when it listens on every address.
 func localGatewayURL(a net.Addr) string {
@@ -296,18 +292,4 @@ func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.L
 	fmt.Fprintf(stdout, "Metrics on http://%s/metrics\n", ln.Addr())
 	log.Info("metrics listening", "addr", ln.Addr().String())
 	return func() { hs.Close() }, nil
-}
-
-// startTracing starts OpenTelemetry tracing when the OTEL_* variables ask
-// for it (internal/telemetry); the returned function flushes it.
-func startTracing(ctx context.Context, service string) (func(), error) {
-	stop, err := telemetry.Start(ctx, service)
-	if err != nil {
-		return nil, fmt.Errorf("tracing (OTEL_*): %w", err)
-	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		stop(ctx)
-	}, nil
 }

@@ -17,7 +17,7 @@ type flagGroup struct {
 var serveGroups = []flagGroup{
 	{"Server", []string{"listen", "log-level", "shutdown-timeout", "metrics-listen", "regional-hosts", "cors-allow-origins", "no-bootstrap"}},
 	{"Storage and keys", []string{"data-dir", "database-url", "kek-file", "redis-url"}},
-	{"Interns", []string{"provisioner", "intern-idle-timeout", "intern-start-concurrency", "max-awake-interns", "interaction-deadline", "jail-orphan-timeout", "jail-ro-bind", "intern-egress-allow-hosts", "http-tool-ca-file", "unsafe-shared-host"}},
+	{"Interns", []string{"provisioner", "intern-idle-timeout", "intern-start-concurrency", "max-awake-interns", "interaction-deadline", "jail-orphan-timeout", "jail-ro-bind", "intern-egress-allow-hosts", "http-tool-ca-file", "intern-binary", "unsafe-shared-host"}},
 	{"Limits of each intern's jail (--provisioner local)", []string{"intern-memory", "intern-max-processes", "intern-cpu-weight", "intern-cpus", "intern-tmpfs", "intern-disk"}},
 	{"Kubernetes (--provisioner kubernetes; docs/kubernetes.md)", []string{"kube-config", "kube-namespace", "kube-image", "kube-gateway-url", "kube-cpu-request", "kube-memory-request", "kube-cpu-limit", "kube-memory-limit", "kube-storage-size", "kube-tmp-size", "kube-storage-class", "kube-wake-timeout", "kube-agent-modules"}},
 	{"Agents", []string{"agent", "agent-auth-method", "agent-command", "agent-endpoint", "agent-modules"}},

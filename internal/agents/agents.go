@@ -14,6 +14,10 @@ import (
 	"strings"
 )
 
+// KeyPlaceholder is the model key agents in a jail or Pod send: the model
+// relay puts the real one in its place, so the key never enters either.
+const KeyPlaceholder = "cohort-jail-placeholder-model-key"
+
 // Profile is how to run one agent.
 type Profile struct {
 	// Name is what an intern record names: "claude", "codex", …

@@ -104,6 +104,11 @@ type Config struct {
 	// its gateway has gone: a gateway started within it adopts the jail
 	// with its runs. 0 stops jails with their gateway.
 	JailOrphanTimeout time.Duration
+	// InternBinary is what local interns run from (the jail's init, the
+	// daemon and the built-in agent): cohort-intern, or this gateway's own
+	// executable when empty. serve resolves and checks it
+	// (localjail.InternBinary).
+	InternBinary string
 	// InternLimits bound each local intern's jail (and `cohort intern
 	// --jail`'s): memory, processes, CPU share, /tmp and /dev/shm, and its
 	// directory (InternDisk). A zero field is unbounded.

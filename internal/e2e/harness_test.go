@@ -38,12 +38,16 @@ func TestMain(m *testing.M) {
 	}
 	e2eDir = dir
 	cohortBin = filepath.Join(dir, "bin", "cohort")
-	build := exec.Command("go", "build", "-o", cohortBin, "github.com/cohort-dev/cohort/cmd/cohort")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build cohort:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	// cohort-intern beside it, as they ship: the gateway's local interns
+	// run from it.
+	for _, cmd := range []string{"cohort", "cohort-intern"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, "bin", cmd), "github.com/cohort-dev/cohort/cmd/"+cmd)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build "+cmd+":", err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

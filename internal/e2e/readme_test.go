@@ -28,8 +28,8 @@ import (
 // list runs twice against the same server, because a user runs an example
 // again. Two rewrites stand in for the user's machine: the server listens on
 // a free port instead of 8080, and a `go` first on PATH maps
-// `go run ./cmd/cohort` and `go install ./cmd/cohort` to the binary this
-// package built from the same tree (everything else goes to the real go).
+// `go run ./cmd/cohort` and `go install ./cmd/cohort` (and ./cmd/cohort-intern)
+// to the binaries this package built from the same tree (everything else goes to the real go).
 // The TypeScript blocks are compiled with the console's TypeScript against
 // web/node_modules (openai-node pinned there) and run by node.
 
@@ -204,7 +204,10 @@ func readmeEnv(t *testing.T) []string {
 	}
 	shims := t.TempDir()
 	shim := `#!/bin/sh
-# The README test's go: ./cmd/cohort is the binary the test built from this tree.
+# The README test's go: ./cmd/cohort (and cohort-intern) are the binaries the test built from this tree.
+if [ "$1" = install ] && [ "$2" = ./cmd/cohort-intern ]; then
+  bin="$("$README_GO" env GOPATH)/bin" && mkdir -p "$bin" && cp "$README_COHORT-intern" "$bin/cohort-intern"; exit
+fi
 if [ "$2" = ./cmd/cohort ]; then
   case "$1" in
   run) shift 2; exec "$README_COHORT" "$@" ;;

@@ -144,6 +144,12 @@ type Spec struct {
 	// Seccomp is the syscall filter on the program: SeccompStrict (the
 	// default), SeccompNested or SeccompOff.
 	Seccomp string `json:"seccomp,omitempty"`
+	// Init is the host path of the executable that becomes the jail's
+	// init; empty: the caller's own binary (/proc/self/exe). It must be a
+	// build of the same tree that imports this package (cmd/cohort or
+	// cmd/cohort-intern): the caller and the init speak an unversioned
+	// protocol. The init re-executes its own binary for the seccomp shim.
+	Init string `json:"-"`
 
 	// Set by Start, read by the init.
 	privileged bool

@@ -93,9 +93,13 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		// the next one.
 		sys.Pdeathsig = syscall.SIGKILL
 	}
+	initPath := spec.Init
+	if initPath == "" {
+		// This very binary, whatever has become of its path.
+		initPath = "/proc/self/exe"
+	}
 	cmd := &exec.Cmd{
-		// The init is this very binary, whatever has become of its path.
-		Path:        "/proc/self/exe",
+		Path:        initPath,
 		Args:        []string{InitArg0},
 		Env:         []string{},
 		ExtraFiles:  append([]*os.File{specR, initEnd, ctlFile}, o.Files...),

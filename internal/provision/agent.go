@@ -11,7 +11,7 @@ import (
 
 // KeyPlaceholder is the model key agents in a jail or Pod send: the model
 // relay puts the real one in its place, so the key never enters either.
-const KeyPlaceholder = "cohort-jail-placeholder-model-key"
+const KeyPlaceholder = agents.KeyPlaceholder
 
 // AgentRun is how one intern's daemon runs its agent: `cohort intern`
 // flags, and for a third-party agent its own model endpoint. Backends that

@@ -323,7 +323,7 @@ type localHost struct {
 
 func newLocalHost(t *testing.T, jailed bool) host {
 	dir := t.TempDir()
-	h := &localHost{dataDir: dir, bin: cohortBinary(t)}
+	h := &localHost{dataDir: dir, bin: internBinary(t)}
 	if !jailed {
 		return h
 	}
@@ -392,7 +392,7 @@ type inprocDaemon struct {
 }
 
 func newInprocHost(t *testing.T, remote bool) host {
-	h := &inprocHost{t: t, remote: remote, dir: t.TempDir(), bin: cohortBinary(t), daemons: map[string]*inprocDaemon{}, claims: map[string]bool{}}
+	h := &inprocHost{t: t, remote: remote, dir: t.TempDir(), bin: internBinary(t), daemons: map[string]*inprocDaemon{}, claims: map[string]bool{}}
 	t.Cleanup(func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()

@@ -32,7 +32,7 @@ import (
 // before anything starts. It does not start the provisioner.
 func localEnv(t testing.TB, db *bun.DB, jailed bool, tune func(*provision.Provisioner)) (*testenv.Env, *provision.Provisioner) {
 	t.Helper()
-	bin := cohortBinary(t)
+	bin := internBinary(t)
 	dataDir := t.TempDir()
 	var prov *provision.Provisioner
 	e := testenv.New(t, db, func(s *server.Server) {

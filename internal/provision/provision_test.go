@@ -37,7 +37,8 @@ var build struct {
 	err error
 }
 
-// cohortBinary builds the real cohort command once per test run.
+// cohortBinary builds the real cohort command once per test run, with
+// cohort-intern beside it as they ship (internBinary).
 func cohortBinary(t testing.TB) string {
 	t.Helper()
 	build.Do(func() {
@@ -47,16 +48,25 @@ func cohortBinary(t testing.TB) string {
 			return
 		}
 		build.bin = filepath.Join(dir, "cohort")
-		out, err := exec.Command("go", "build", "-o", build.bin, "github.com/cohort-dev/cohort/cmd/cohort").CombinedOutput()
-		if err != nil {
-			build.err = err
-			build.bin = string(out)
+		for _, cmd := range []string{"cohort", localjail.InternBinaryName} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "github.com/cohort-dev/cohort/cmd/"+cmd).CombinedOutput()
+			if err != nil {
+				build.err = err
+				build.bin = string(out)
+				return
+			}
 		}
 	})
 	if build.err != nil {
 		t.Fatalf("go build: %v\n%s", build.err, build.bin)
 	}
 	return build.bin
+}
+
+// internBinary is the small binary of an intern's jail, built beside
+// cohortBinary: what a gateway's local interns run from, as it ships.
+func internBinary(t testing.TB) string {
+	return filepath.Join(filepath.Dir(cohortBinary(t)), localjail.InternBinaryName)
 }
 
 func TestMain(m *testing.M) {

@@ -300,8 +300,12 @@ func ProbeJail(cfg config.Config, jc *localjail.JailConfig) error {
 
 // localBackend is the local jails' backend cfg describes.
 func localBackend(cfg config.Config, catalog agents.Catalog, jc *localjail.JailConfig) *localjail.Backend {
-	return &localjail.Backend{DataDir: cfg.DataDir, Agents: provision.Agents{Catalog: catalog, Command: cfg.AgentCommand},
+	b := &localjail.Backend{DataDir: cfg.DataDir, Agents: provision.Agents{Catalog: catalog, Command: cfg.AgentCommand},
 		InteractionDeadline: cfg.InteractionDeadline, HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: jc}
+	if cfg.InternBinary != "" {
+		b.Command = []string{cfg.InternBinary}
+	}
+	return b
 }
 
 func probeJail(b *localjail.Backend) error {

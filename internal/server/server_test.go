@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -202,5 +203,14 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 	lb, ok := s.Backend.(*localjail.Backend)
 	if s.Provisioner == nil || !ok || lb.Jail != nil || lb.Agents.ModelKey == nil || s.Warning != UnsafeSharedHostWarning {
 		t.Fatalf("unsafe shared host: %+v", s)
+	}
+	if len(lb.Command) != 0 {
+		t.Fatalf("without an intern binary, interns run from this executable, not %q", lb.Command)
+	}
+	// The binary serve chose (localjail.InternBinary) runs the interns.
+	cfg.InternBinary = "/opt/cohort/cohort-intern"
+	s = newServer(t, cfg, d)
+	if lb := s.Backend.(*localjail.Backend); !slices.Equal(lb.Command, []string{cfg.InternBinary}) {
+		t.Fatalf("interns run from %q, want %s", lb.Command, cfg.InternBinary)
 	}
 }

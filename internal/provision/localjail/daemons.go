@@ -36,7 +36,9 @@ type Backend struct {
 	// DataDir is the gateway's data directory; daemons live under
 	// <DataDir>/interns/<id>, jails' control sockets under <DataDir>/jails.
 	DataDir string
-	// Command runs `cohort intern`; default: this executable.
+	// Command runs `cohort intern`: the gateway's --intern-binary
+	// (InternBinary), which is also each jail's init; default: this
+	// executable.
 	Command []string
 	// GatewayURL, when set, is passed to unjailed daemons as --gateway-url:
 	// where their http_request tool reaches the vault (a jail's relay

@@ -168,8 +168,9 @@ type DaemonJail struct {
 	InternID, Model string
 	// HostDir is the intern's directory on the host, the jail's /intern.
 	HostDir string
-	// Self is the argv that runs `cohort` on the host; its binary is bound
-	// into the jail on its own.
+	// Self is the argv that runs `cohort intern` on the host (cohort or
+	// cohort-intern); its binary is bound into the jail on its own and is
+	// the jail's init (this process's own: /proc/self/exe).
 	Self []string
 	// DaemonArgs are further `cohort intern` flags (agent command, bounds).
 	DaemonArgs []string
@@ -243,6 +244,11 @@ func (o DaemonJail) Spec() jail.Spec {
 		// own; the daemon and it put the strict filter on every other
 		// agent and command (docs/decisions.md, "Seccomp").
 		Seccomp: jail.SeccompNested,
+	}
+	if self, err := os.Executable(); err != nil || o.Self[0] != self {
+		// Another binary (cohort-intern) is the init too; this one's
+		// init stays /proc/self/exe, whatever has become of its path.
+		spec.Init = o.Self[0]
 	}
 	if o.NoSeccomp {
 		spec.Seccomp = jail.SeccompOff

@@ -1,4 +1,4 @@
-package main
+package interncmd
 
 import (
 	"context"
@@ -14,22 +14,22 @@ import (
 	"github.com/cohort-dev/cohort/internal/agent/sandbox"
 )
 
-// agentCmd runs `cohort agent`: the built-in ACP agent on stdin/stdout. Logs
+// Agent runs `cohort agent`: the built-in ACP agent on stdin/stdout. Logs
 // go to stderr, since stdout carries the protocol.
-func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg := agent.Config{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Model, "model", env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
-	fs.StringVar(&cfg.BaseURL, "base-url", env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
-	fs.StringVar(&cfg.WorkDir, "workdir", env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
-	fs.StringVar(&cfg.StateDir, "state-dir", env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
+	fs.StringVar(&cfg.Model, "model", Env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
+	fs.StringVar(&cfg.BaseURL, "base-url", Env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
+	fs.StringVar(&cfg.WorkDir, "workdir", Env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
+	fs.StringVar(&cfg.StateDir, "state-dir", Env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
 	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", agent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
-	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", envDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
+	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", EnvDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
 	fs.IntVar(&cfg.MaxRetries, "model-retries", agent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
 	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
 	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")
-	logLevel := fs.String("log-level", env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+	logLevel := fs.String("log-level", Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -38,14 +38,14 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	// The key is read from the environment only, never from a flag (which
 	// would show in the process list), and is never logged.
-	cfg.APIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
-	log, err := newLogger(stderr, *logLevel)
+	cfg.APIKey = Env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	log, err := NewLogger(stderr, *logLevel)
 	if err != nil {
 		return err
 	}
 	slog.SetDefault(log)
 	cfg.Logger = log
-	stopTracing, err := startTracing(ctx, "cohort-agent")
+	stopTracing, err := StartTracing(ctx, "cohort-agent")
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,0 @@
-package main
-
-import "golang.org/x/sys/unix"
-
-// nonDumpable keeps processes of the same user from reading this one's
-// memory, environment and descriptors through /proc or ptrace.
-func nonDumpable() { unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }
