@@ -346,8 +346,12 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	// does anything: the request budget runs on until the agent's first
 	// event, so a stalled agent gets the caller a 504 rather than an open
 	// stream that stays silent for the event timeout.
-	// A background turn is under way once the daemon started it.
-	for ev.GetStarted() != nil && !isBackground(ctx) {
+	// A background turn is under way once the daemon started it, and so is
+	// a run that continues after an answer (Started.continuation): the
+	// intern accepted the answer, and what it does next (an approved
+	// command that runs for minutes) is the run's, bounded by keepalives,
+	// the event timeout and the turn deadline, never by the request budget.
+	for ev.GetStarted() != nil && !ev.GetStarted().GetContinuation() && !isBackground(ctx) {
 		if ev, err = st.recv(); err != nil {
 			return nil, st.refusal(err)
 		}

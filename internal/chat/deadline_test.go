@@ -10,6 +10,7 @@ import (
 	"time"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -182,4 +183,75 @@ func TestRunEndingsCounted(t *testing.T) {
 	if total != len(want) {
 		t.Errorf("%d series of cohort_chat_runs_total, want %d (one per run):\n%s", total, len(want), text)
 	}
+}
+
+// slowApproved is a daemon's answer to an approved command that runs longer
+// than the request budget: Started (a continuation) at once, then nothing
+// until the command ends.
+func slowApproved(took time.Duration) script {
+	return func(ctx context.Context, send func(*interndv1.RunEvent) error) error {
+		ev := started("sess-1")
+		ev.GetStarted().Continuation = true
+		if err := send(ev); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(took):
+		}
+		if err := send(textEv(model, "slow-done")); err != nil {
+			return err
+		}
+		return send(stopEv(model))
+	}
+}
+
+// TestApprovedCommandKeepsItsStream: once the intern accepts an answer, the
+// run continues on an open stream; the request budget, which bounds a new
+// turn until the agent's first event, does not apply, so a command approved
+// in manual mode that runs past it streams its result instead of 504. Both
+// doors.
+func TestApprovedCommandKeepsItsStream(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t), func(s *server.Server) {
+		s.Chat.FirstEventTimeout = 300 * time.Millisecond
+		s.Chat.EventTimeout = 10 * time.Second
+	})
+	e.d.set(stallAfterStart, slowApproved(time.Second))
+
+	t.Run("rest", func(t *testing.T) {
+		status, body, _ := e.chat(t, toolBody("sess-1", "call_1", "allow_once"))
+		if status != 200 {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		chunks, _ := parseStream(t, body)
+		if finishOf(chunks) != "stop" || !strings.Contains(body, "slow-done") {
+			t.Fatalf("want the command's result and stop, got %s", body)
+		}
+	})
+	t.Run("connect", func(t *testing.T) {
+		req, err := chat.DecodeRequest([]byte(toolBody("sess-1", "call_1", "allow_once")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.InternId = e.InternID
+		chunks, err := connectStream(e, e.WorkspaceKey, req)
+		if err != nil {
+			t.Fatalf("the Connect door refused an accepted answer: %v", err)
+		}
+		var text string
+		for _, c := range chunks {
+			for _, ch := range c.GetChoices() {
+				text += ch.GetDelta().GetContent()
+			}
+		}
+		if text != "slow-done" {
+			t.Fatalf("text %q, want the command's result", text)
+		}
+	})
+	// A new turn whose agent stays silent is still refused at the budget.
+	t.Run("new turn still bounded", func(t *testing.T) {
+		status, body, _ := e.chat(t, userBody("x"))
+		wantRefusal(t, status, body, 504, "timeout")
+	})
 }
