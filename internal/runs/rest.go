@@ -259,7 +259,8 @@ func (m *Manager) Cancel(w http.ResponseWriter, r *http.Request) {
 // chunks (Tail) as the chat stream's server-sent events, each with its
 // sequence number as `id:`, from after Last-Event-ID (or ?after=, else from
 // the start), then `data: [DONE]` once the run has ended; keepalives while
-// nothing comes.
+// nothing comes. A reconnect (Last-Event-ID) to an ended run with nothing
+// after it is 204 No Content.
 func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	run, err := m.GetRun(ctx, auth.From(ctx), r.PathValue("internId"), r.PathValue("runId"))
@@ -269,6 +270,7 @@ func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	}
 	after := int64(0)
 	from := r.Header.Get("Last-Event-ID")
+	reconnect := from != ""
 	if from == "" {
 		from = r.URL.Query().Get("after")
 	}
@@ -277,6 +279,13 @@ func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 			rest.WriteError(w, r, errAfter(from), true)
 			return
 		}
+	}
+	// An EventSource reconnects after every end of stream; 204 is the
+	// HTML standard's word to stop. Only for Last-Event-ID: a reader that
+	// asks ?after= itself still gets the stream's end.
+	if reconnect && terminal(run.Status) && after >= run.LastSeq {
+		w.WriteHeader(http.StatusNoContent)
+		return
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Time{})

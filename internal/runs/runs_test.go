@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -340,8 +341,24 @@ func TestBackgroundRun(t *testing.T) {
 		if len(got) != 1 || got[0].id != int64(len(evs)) {
 			t.Fatalf("Last-Event-ID: %v", got)
 		}
-		if got := events(t, e.HTTP.URL, e.WorkspaceKey, e.InternID, id, "", strconv.Itoa(len(evs))); len(got) != 0 {
+		if got := events(t, e.HTTP.URL, e.WorkspaceKey, e.InternID, id, "?after="+strconv.Itoa(len(evs)), ""); len(got) != 0 {
 			t.Fatalf("after the last: %v", got)
+		}
+		// An EventSource's reconnect after the end: 204, which stops it
+		// (without it, each reconnect got 200 and [DONE] again).
+		for _, last := range []int{len(evs), len(evs) + 5} {
+			req, _ := http.NewRequest("GET", e.HTTP.URL+server.Prefix+"/interns/"+e.InternID+"/runs/"+id+"/events", nil)
+			req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+			req.Header.Set("Last-Event-ID", strconv.Itoa(last))
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusNoContent || len(out) != 0 {
+				t.Fatalf("reconnect after the end (Last-Event-ID %d): %d %q", last, res.StatusCode, out)
+			}
 		}
 		st, out, _ := f.do(t, "GET", "/interns/"+e.InternID+"/runs/"+id+"/events?after=x", e.WorkspaceKey, "")
 		if st != 400 || testenv.ErrorShape(400, out) != nil {
