@@ -31,6 +31,12 @@ func runSeccompShim(args []string) {
 		fmt.Fprintf(os.Stderr, "jail: %v\n", err)
 		os.Exit(126)
 	}
+	// The domain is the calling thread's: exec from the same thread.
+	runtime.LockOSThread()
+	if err := isolate(); err != nil && !errors.Is(err, ErrNoLandlock) {
+		fmt.Fprintf(os.Stderr, "%v\n", err)
+		os.Exit(126)
+	}
 	err := unix.Exec(args[1], args[2:], os.Environ())
 	fmt.Fprintf(os.Stderr, "jail: start %s: %v\n", args[2], err)
 	os.Exit(126)
@@ -54,17 +60,33 @@ func StartFiltered(cmd *exec.Cmd, level string) error {
 		return errors.New("jail: StartFiltered: Pdeathsig and UseCgroupFD are not supported")
 	}
 	errc := make(chan error, 1)
-	go func() {
+	var start func()
+	start = func() {
 		// Never unlocked: the runtime ends this thread with the goroutine
 		// (or, if it is the main thread, parks it for good), and hands
 		// thread creation to a clean one meanwhile.
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread: /proc shows the process by its
+			// credentials, so a domain put on it would let the command
+			// into this process. It stays parked, untouched.
+			go start()
+			return
+		}
 		if err := installSeccomp(level, false); err != nil {
 			errc <- err
 			return
 		}
+		// Out of reach of this process and of its other commands
+		// (landlock_linux.go); a kernel without Landlock is named at
+		// start (Isolation).
+		if err := isolate(); err != nil && !errors.Is(err, ErrNoLandlock) {
+			errc <- err
+			return
+		}
 		errc <- cmd.Start()
-	}()
+	}
+	go start()
 	return <-errc
 }
 

@@ -47,6 +47,9 @@ func (b *Backend) LimitWarnings() []string {
 // (`cohort intern --jail`).
 func LimitWarnings(l jail.Limits) []string {
 	out := jail.CheckLimits(l)
+	if jail.LandlockABI() < 1 {
+		out = append(out, "isolation: a command can read and write its agent's memory through /proc (same user); "+jail.ErrNoLandlock.Error())
+	}
 	if l.FileSize > 0 {
 		out = append(out, fmt.Sprintf("disk: an intern's directory is not bounded as a whole (the gateway sets no file system quota); each file in it is bounded at %s (RLIMIT_FSIZE)", jail.FormatSize(l.FileSize)))
 	}
