@@ -71,13 +71,11 @@ func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	defer os.RemoveAll(dir)
 	secret := "bench-sessions-secret"
-	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte(secret), 0o600); err != nil {
-		return err
-	}
 	cmd := exec.CommandContext(ctx, cohort, "intern", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
-		"--intern-id", "bench", "--secret-file", filepath.Join(dir, "secret"), "--log-level", "warn",
+		"--intern-id", "bench", "--log-level", "warn",
 		"--session-idle-ttl", ttl.String())
-	cmd.Env = append(os.Environ(), "COHORT_AGENT_SESSION_IDLE_TTL="+(2**ttl).String())
+	// Unjailed: the secret in the environment (--secret-file needs --jail).
+	cmd.Env = append(os.Environ(), "COHORT_AGENT_SESSION_IDLE_TTL="+(2**ttl).String(), "COHORT_INTERN_SECRET="+secret)
 	base, err := startListening(cmd, stderr)
 	if err != nil {
 		return err

@@ -305,9 +305,15 @@ func (c *cluster) Daemon(t testing.TB, id string, env []string, flags ...string)
 }
 
 func (d *daemon) run(t testing.TB, listen string) *proc {
+	// Unjailed, the secret comes in the environment (a file would be the
+	// agent's to read: --secret-file needs --jail).
+	secret, err := os.ReadFile(d.secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	args := append([]string{"intern", "--listen", listen, "--data-dir", d.dataDir, "--intern-id", d.id,
-		"--secret-file", d.secretFile, "--log-level", "warn"}, d.flags...)
-	return start(t, "daemon "+d.id, d.env, args...)
+		"--log-level", "warn"}, d.flags...)
+	return start(t, "daemon "+d.id, append([]string{"COHORT_INTERN_SECRET=" + strings.TrimSpace(string(secret))}, d.env...), args...)
 }
 
 // Restart starts the daemon again on the same address and data directory.

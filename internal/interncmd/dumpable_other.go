@@ -3,3 +3,6 @@
 package interncmd
 
 func NonDumpable() {}
+
+// ScrubEnviron does nothing off Linux.
+func ScrubEnviron(string) {}

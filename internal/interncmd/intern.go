@@ -55,7 +55,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 		listen       = fs.String("listen", Env("COHORT_LISTEN", "127.0.0.1:0"), "address for HTTP/1.1 and h2c; loopback by default, port 0 picks one (COHORT_LISTEN)")
 		dataDir      = fs.String("data-dir", Env("COHORT_DATA_DIR", "./.cohort-intern"), "the intern's sessions and the agent's working directory (COHORT_DATA_DIR)")
 		internID     = fs.String("intern-id", Env("COHORT_INTERN_ID", ""), "the intern's id, for Status and logs (COHORT_INTERN_ID)")
-		secretFile   = fs.String("secret-file", Env("COHORT_INTERN_SECRET_FILE", ""), "file holding the secret callers must present; or set COHORT_INTERN_SECRET (COHORT_INTERN_SECRET_FILE)")
+		secretFile   = fs.String("secret-file", Env("COHORT_INTERN_SECRET_FILE", ""), "with --jail, the file holding the daemon secret (unjailed, the agent could read it: set COHORT_INTERN_SECRET instead) (COHORT_INTERN_SECRET_FILE)")
 		agentCommand = fs.String("agent-command", Env("COHORT_AGENT_COMMAND", ""), "the ACP agent to run, split on spaces; default: this executable with \"agent\" (COHORT_AGENT_COMMAND)")
 		model        = fs.String("model", Env("COHORT_MODEL", ""), "the model configured on the intern, passed to the agent (COHORT_MODEL)")
 		agentName    = fs.String("agent", Env("COHORT_AGENT", ""), "a known third-party agent to run instead of --agent-command: "+strings.Join(KnownAgents(), ", ")+" (COHORT_AGENT; docs/agents.md)")
@@ -95,13 +95,23 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 		return err
 	}
 	// Nothing else of this user (the agent, its commands) may read the
-	// daemon's memory or /proc entries: the secret lives there.
+	// daemon's memory or /proc entries: the secret lives there. Nor, as
+	// root, the environment it came in.
+	ScrubEnviron("COHORT_INTERN_SECRET")
 	NonDumpable()
 	// Nothing this process inherited reaches the agent or its commands:
 	// the listener and the secret pipe are closed after use below, and
 	// whatever else came (a supervisor's descriptor) is close-on-exec.
 	if err := jail.SealInherited(); err != nil {
 		return fmt.Errorf("seal inherited descriptors: %w", err)
+	}
+	if !*jailFlag && *secretFD < 0 && *secretFile != "" {
+		// Unjailed, the agent and its commands run as this user: a file
+		// the daemon can read, they can read, and with it derive the
+		// daemon's credential (ReleaseSecret: vault values).
+		return errors.New("--secret-file needs --jail: without a jail the agent runs as this user and could read the file, " +
+			"and with it ask the vault for this intern's secrets; run with --jail, or give the secret in COHORT_INTERN_SECRET " +
+			"from a source this user cannot read (a root-owned systemd EnvironmentFile, a secret manager; docs/security.md)")
 	}
 	var secret string
 	if *secretFD >= 0 {
@@ -236,6 +246,7 @@ func ReadSecret(file string) (string, error) {
 		return s, nil
 	}
 	if s := os.Getenv("COHORT_INTERN_SECRET"); s != "" {
+		os.Unsetenv("COHORT_INTERN_SECRET") // nothing this starts inherits it
 		return s, nil
 	}
 	return "", errors.New("a secret is required: --secret-file or COHORT_INTERN_SECRET")
