@@ -235,6 +235,7 @@ for p in glob.glob("/proc/*/fd/*"):
         print(p, os.readlink(p))
     except Exception:
         pass' 2>&1 | head -c 20000`, success: append([]string{"took-over"}, tg.hostPath...)},
+				procAttempt(),
 				{name: "leave a file as the gateway's user", command: "touch /intern/agent-owned 2>&1"},
 			}
 			canaries := map[string]string{"etc": canary}

@@ -204,6 +204,7 @@ print("tried", p)' 2>&1`, success: []string{"took-over"}},
 			success: []string{"fd-leak", "accepted-on-inherited", "listening-inherited"}, want: []string{"inspected-ok"}},
 		{name: "find host paths in /proc/net/unix", command: `awk 'NR>1 && NF>=8 {print "unix-" "path", $8}' /proc/net/unix; grep -c "" /proc/net/unix`,
 			success: []string{"unix-path"}},
+		procAttempt(),
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},
 	}
 	return tg
