@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // An identity provider on a private address (loopback here) works once the
@@ -113,9 +115,30 @@ func TestExchangeWithAnAllowedPrivateIssuer(t *testing.T) {
 	var out map[string]any
 	json.Unmarshal([]byte(body), &out)
 	// The access token is the workspace key's bearer for the chat.
-	res := chat(t, allowed, fmt.Sprint(out["access_token"]), c.Demo, user("hello"))
+	token := fmt.Sprint(out["access_token"])
+	res := chat(t, allowed, token, c.Demo, user("hello"))
 	res.Body.Close()
 	if res.StatusCode == 401 || res.StatusCode == 403 {
 		t.Fatalf("the access token does not act as the workspace key: %d", res.StatusCode)
+	}
+	// And for background runs: a CI job holding only its token starts one,
+	// follows it and reads its events (it got 403 before).
+	res = chat(t, allowed, token, c.Demo, user("hello from ci", `"background":true`))
+	raw, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var run map[string]any
+	if err := json.Unmarshal(raw, &run); err != nil || res.StatusCode != 202 {
+		t.Fatalf("a background run with the access token: %d %s", res.StatusCode, raw)
+	}
+	id, _ := run["id"].(string)
+	testutil.Eventually(t, wait, "the run ends", func() bool {
+		run = getRun(t, allowed, token, c.Demo, id)
+		return run["status"] != "running"
+	})
+	if run["status"] != "completed" {
+		t.Fatalf("the token's run: %v", run)
+	}
+	if evs := runEvents(t, allowed, token, c.Demo, id, 0); len(evs) == 0 || !strings.Contains(evs[len(evs)-1].data, `"usage"`) {
+		t.Fatalf("the token's run events: %v", evs)
 	}
 }

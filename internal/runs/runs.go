@@ -196,11 +196,6 @@ func (m *Manager) Paused(ctx context.Context, internID, sessionID string) bool {
 
 // Start implements chat.Background.
 func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*chat.BackgroundStart, error) {
-	if p.AccessToken {
-		// Its holder could not read the run back: the run routes take API
-		// keys only (docs/decisions.md, "Background runs").
-		return nil, apierr.New(http.StatusForbidden, "forbidden", "a federation access token cannot start background runs; use an API key")
-	}
 	var in *store.Intern
 	var err error
 	if pl != nil {

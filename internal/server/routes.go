@@ -65,8 +65,8 @@ type route struct {
 func (s *Server) routes() []route {
 	public := auth.Access{Scope: auth.Public}
 	apiKeys := auth.Access{Scope: auth.API}
-	// The intern chat is the inference route: the one that takes
-	// federation access tokens.
+	// The intern chat and its background runs are the inference routes:
+	// the ones that take federation access tokens.
 	inference := auth.Access{Scope: auth.Inference, Admit: func(_ context.Context, p *auth.Principal) error {
 		return s.Chat.Admit(p)
 	}}
@@ -76,7 +76,10 @@ func (s *Server) routes() []route {
 		}}
 	}
 	vaultRead, vaultWrite := vaultAccess(false), vaultAccess(true)
-	runsAccess := auth.Access{Scope: auth.API, Admit: func(_ context.Context, p *auth.Principal) error {
+	// Background runs are the chat's, for the same callers: a CI job that
+	// holds only its access token is the caller that cannot keep a stream
+	// open for twenty minutes.
+	runsAccess := auth.Access{Scope: auth.Inference, Admit: func(_ context.Context, p *auth.Principal) error {
 		return s.Chat.Admit(p)
 	}}
 
@@ -131,9 +134,8 @@ func (s *Server) routes() []route {
 			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, o...)
 		}},
 		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: chat.MaxBody, handler: chatREST.Completions},
-		// Background runs (docs/background.md): the chat's gates, for API
-		// keys only (the chat stays the one route of access tokens, which
-		// cannot start background runs either).
+		// Background runs (docs/background.md): the chat's gates and
+		// callers, access tokens included.
 		{service: cohortv1connect.RunServiceName, access: runsAccess, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
 			return cohortv1connect.NewRunServiceHandler(runs.Handler{M: s.Runs}, o...)
 		}},

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -86,8 +87,8 @@ func TestRoutesAreDeclared(t *testing.T) {
 	}
 }
 
-// Federation access tokens carry the inference scope: the intern chat,
-// on both doors, is the only route declared for it.
+// Federation access tokens carry the inference scope: the intern chat and
+// its background runs, on both doors, are the only routes declared for it.
 func TestOnlyTheChatTakesAccessTokens(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, noProvisioner(), deps(t))
@@ -107,9 +108,18 @@ func TestOnlyTheChatTakesAccessTokens(t *testing.T) {
 			inference = append(inference, rt.pattern)
 		}
 	}
-	if len(inference) != 2 || !strings.Contains(strings.Join(inference, " "), cohortv1connect.ChatServiceStreamChatCompletionProcedure) ||
-		!strings.Contains(strings.Join(inference, " "), "POST /api/v1/interns/{internId}/chat/completions") {
-		t.Fatalf("access tokens reach %v; want the chat alone", inference)
+	sort.Strings(inference)
+	want := []string{
+		"GET /api/v1/interns/{internId}/runs/{runId}", "GET /api/v1/interns/{internId}/runs/{runId}/events",
+		"GET /api/v1/interns/{internId}/sessions/{sessionId}/runs", "POST /api/v1/interns/{internId}/chat/completions",
+		"POST /api/v1/interns/{internId}/runs/{runId}/cancel",
+		cohortv1connect.ChatServiceStreamChatCompletionProcedure,
+		cohortv1connect.RunServiceCancelRunProcedure, cohortv1connect.RunServiceGetRunProcedure,
+		cohortv1connect.RunServiceListSessionRunsProcedure, cohortv1connect.RunServiceStreamRunEventsProcedure,
+	}
+	sort.Strings(want)
+	if strings.Join(inference, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("access tokens reach\n%s\nwant the chat and its runs alone:\n%s", strings.Join(inference, "\n"), strings.Join(want, "\n"))
 	}
 }
 
