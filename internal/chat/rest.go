@@ -303,3 +303,20 @@ func jsonKind(k string) string {
 		return "of another type"
 	}
 }
+
+// Models is GET /api/v1/interns/{internId}/models: the OpenAI list of the
+// models this base URL serves, which is the intern's one model. Clients
+// that list models before they chat (many chat front-ends, the OpenAI
+// SDKs' models.list) then work with the intern as their base URL. The
+// chat's gates and credentials apply.
+func (h REST) Models(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	in, err := h.S.Interns.Load(ctx, auth.From(ctx), r.PathValue("internId"))
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	rest.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{
+		{"id": in.Model, "object": "model", "created": in.CreatedAt.Unix(), "owned_by": "cohort"},
+	}})
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
+	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 )
 
@@ -132,4 +133,33 @@ func TestOpenAISDK(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+// TestOpenAISDKListsModels: the SDK's models.list with the intern as its
+// base URL answers the intern's model, as clients that list models first
+// need (it was 404 no route); another workspace's key and no key are
+// refused as the chat refuses them.
+func TestOpenAISDKListsModels(t *testing.T) {
+	e := newEnv(t, storetest.SQLite(t))
+	var in store.Intern
+	if err := e.DB.NewSelect().Model(&in).Where("id = ?", e.InternID).Scan(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	client := openai.NewClient(option.WithBaseURL(e.URL+"/interns/"+e.InternID), option.WithAPIKey(e.WorkspaceKey),
+		option.WithHTTPClient(e.HTTPClient()), option.WithMaxRetries(0))
+	page, err := client.Models.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Data) != 1 || page.Data[0].ID != in.Model || page.Data[0].Object != "model" || page.Data[0].OwnedBy != "cohort" {
+		t.Fatalf("models: %+v", page.Data)
+	}
+	for key, want := range map[string]int{"": 401, "cohort_wk_notakey": 401} {
+		status, body, _ := e.Do(t, "GET", "/interns/"+e.InternID+"/models", key, "", "")
+		if status != want {
+			t.Errorf("key %q: %d %s", key, status, body)
+		}
+	}
+	status, body, _ := e.Do(t, "GET", "/interns/no-such-intern/models", e.WorkspaceKey, "", "")
+	wantRefusal(t, status, body, 404, "not_found")
 }

@@ -134,6 +134,7 @@ func (s *Server) routes() []route {
 			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, o...)
 		}},
 		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: chat.MaxBody, handler: chatREST.Completions},
+		{pattern: "GET " + Prefix + "/interns/{internId}/models", access: inference, reasons: true, handler: chatREST.Models},
 		// Background runs (docs/background.md): the chat's gates and
 		// callers, access tokens included.
 		{service: cohortv1connect.RunServiceName, access: runsAccess, mount: func(o ...connect.HandlerOption) (string, http.Handler) {

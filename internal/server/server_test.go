@@ -112,6 +112,7 @@ func TestOnlyTheChatTakesAccessTokens(t *testing.T) {
 	want := []string{
 		"GET /api/v1/interns/{internId}/runs/{runId}", "GET /api/v1/interns/{internId}/runs/{runId}/events",
 		"GET /api/v1/interns/{internId}/sessions/{sessionId}/runs", "POST /api/v1/interns/{internId}/chat/completions",
+		"GET /api/v1/interns/{internId}/models",
 		"POST /api/v1/interns/{internId}/runs/{runId}/cancel",
 		cohortv1connect.ChatServiceStreamChatCompletionProcedure,
 		cohortv1connect.RunServiceCancelRunProcedure, cohortv1connect.RunServiceGetRunProcedure,
@@ -119,7 +120,7 @@ func TestOnlyTheChatTakesAccessTokens(t *testing.T) {
 	}
 	sort.Strings(want)
 	if strings.Join(inference, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("access tokens reach\n%s\nwant the chat and its runs alone:\n%s", strings.Join(inference, "\n"), strings.Join(want, "\n"))
+		t.Fatalf("access tokens reach\n%s\nwant the chat, its models and its runs alone:\n%s", strings.Join(inference, "\n"), strings.Join(want, "\n"))
 	}
 }
 
