@@ -42,10 +42,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := interncmd.Profiled(func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0) // -h asked for the flags, and got them
+	}
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "cohort:", err)
-		}
+		fmt.Fprintln(os.Stderr, "cohort:", err)
 		os.Exit(1)
 	}
 }

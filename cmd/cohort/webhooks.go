@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"time"
 
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/safehttp"
@@ -15,5 +16,5 @@ func webhookFlags(fs *flag.FlagSet, cfg *config.Config) {
 		return err
 	})
 	cfg.WebhookAllowHosts = splitList(env("COHORT_WEBHOOK_ALLOW_HOSTS", ""))
-	fs.DurationVar(&cfg.WebhookLease, "webhook-lease", envDuration("COHORT_WEBHOOK_LEASE", 0), "how long a webhook delivery a replica claimed is its own before another replica (or this one restarted) sends it again; 0: 1m; longer than the 15s attempt timeout (COHORT_WEBHOOK_LEASE)")
+	fs.DurationVar(&cfg.WebhookLease, "webhook-lease", envDuration("COHORT_WEBHOOK_LEASE", time.Minute), "how long a webhook delivery a replica claimed is its own before another replica (or this one restarted) sends it again; longer than the 15s attempt timeout (COHORT_WEBHOOK_LEASE)")
 }

@@ -277,6 +277,12 @@ func TestNonRootGatewayWithoutARangeRefuses(t *testing.T) {
 	if err == nil || !regexp.MustCompile(`usermod --add-subuids`).Match(out) {
 		t.Fatalf("serve without a subordinate range: %v\n%s", err, tail(string(out), 3000))
 	}
+	// It names what is missing, and not a remedy for what was fine (the
+	// namespaces) nor a file that is there.
+	if !strings.Contains(string(out), "no line for "+u.Name) || strings.Contains(string(out), "unprivileged user namespaces") ||
+		strings.Contains(string(out), "file does not exist") {
+		t.Fatalf("serve without a subordinate range does not name the cause:\n%s", tail(string(out), 3000))
+	}
 }
 
 // The known third-party agents run behind a gateway that is not root: a

@@ -190,6 +190,11 @@ type accepted struct {
 // ErrUnsupported is returned where the platform has no namespaces.
 var ErrUnsupported = errors.New("jail: Linux namespaces are not available on this platform")
 
+// ErrSubIDs is the cause of a caller that is not root and cannot map a
+// jail's program to ids of its own: no subordinate range, or no
+// newuidmap. Its message names the fix.
+var ErrSubIDs = errors.New("jail: no subordinate ids for the program")
+
 // Options are how the caller connects to the init.
 type Options struct {
 	// Stdout and Stderr of the program (and the init's own errors on

@@ -60,7 +60,7 @@ func lookupRange(file, name string, uid int) (subRange, error) {
 	if err := sc.Err(); err != nil {
 		return subRange{}, err
 	}
-	return subRange{}, os.ErrNotExist
+	return subRange{}, fmt.Errorf("no line for %s or %d in it", name, uid)
 }
 
 // callerRanges returns this process's user's subordinate uid and gid
@@ -72,20 +72,24 @@ func callerRanges() (uids, gids subRange, err error) {
 		name = u.Username
 	}
 	add := fmt.Sprintf("as root, give it a range of ids no other user has (e.g. `usermod --add-subuids 1000000-1065535 --add-subgids 1000000-1065535 %s`, "+
-		"or the lines `%s:1000000:65536` in /etc/subuid and /etc/subgid) and install newuidmap and newgidmap (Debian and Ubuntu: the uidmap package; "+
-		"Fedora: shadow-utils); or run the gateway as root", name, name)
-	uids, err = lookupRange(subUIDFile, name, uid)
-	if err == nil {
-		gids, err = lookupRange(subGIDFile, name, uid)
-	}
-	if err != nil {
-		return subRange{}, subRange{}, fmt.Errorf("jail: the user %s (uid %d) has no subordinate uid and gid range in %s and %s (%v), and a jail's program must not run as the gateway's own user: %s",
-			name, uid, subUIDFile, subGIDFile, err, add)
-	}
+		"or the lines `%s:1000000:65536` in /etc/subuid and /etc/subgid); or run the gateway as root", name, name)
+	// The helpers first: with a range but without them, the range is not
+	// what is missing.
 	for _, tool := range []string{"newuidmap", "newgidmap"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return subRange{}, subRange{}, fmt.Errorf("jail: %s is not installed, and a jail's program must not run as the gateway's own user (uid %d): %s", tool, uid, add)
+			return subRange{}, subRange{}, fmt.Errorf("%w: %s is not installed (Debian and Ubuntu: apt-get install uidmap; Fedora: shadow-utils), "+
+				"and a jail's program must not run as the gateway's own user (uid %d); or run the gateway as root", ErrSubIDs, tool, uid)
 		}
+	}
+	file := subUIDFile
+	uids, err = lookupRange(file, name, uid)
+	if err == nil {
+		file = subGIDFile
+		gids, err = lookupRange(file, name, uid)
+	}
+	if err != nil {
+		return subRange{}, subRange{}, fmt.Errorf("%w: the user %s (uid %d) has no subordinate range in %s (%v), and a jail's program must not run as the gateway's own user: %s",
+			ErrSubIDs, name, uid, file, err, add)
 	}
 	return uids, gids, nil
 }

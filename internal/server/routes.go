@@ -174,6 +174,11 @@ func (s *Server) routes() []route {
 		{pattern: "GET /version", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
 			rest.WriteJSON(w, http.StatusOK, buildinfo.Get())
 		}},
+		// Where a scraper looks first: say where the metrics are. They are
+		// never on the API's port, which faces callers.
+		{pattern: "GET /metrics", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "404 not found: Prometheus metrics are served on serve's --metrics-listen address (COHORT_METRICS_LISTEN), off by default, never on the API's port", http.StatusNotFound)
+		}},
 		// The console at "/" and its files; any other path is a plain 404
 		// (web.Handler), and under /api/ a 404 in the API's error shape.
 		{pattern: "/", access: public, handler: web.Handler().ServeHTTP},

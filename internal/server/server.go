@@ -310,7 +310,7 @@ func localBackend(cfg config.Config, catalog agents.Catalog, jc *localjail.JailC
 
 func probeJail(b *localjail.Backend) error {
 	if err := b.ProbeJail(); err != nil {
-		return fmt.Errorf("%w\nThe local provisioner runs every intern in a jail of its own (user, mount, PID and network namespaces) and refuses to run them otherwise. Run the gateway as root, or allow unprivileged user namespaces; or, only if every workspace key holder may read this gateway's keys, start with --unsafe-shared-host", err)
+		return fmt.Errorf("%w\n%s", err, localjail.Remedy(err))
 	}
 	return nil
 }
