@@ -154,6 +154,12 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 	if notify != "" && m.Notifier != nil {
 		m.Notifier.Notify()
 	}
+	if r.Status == store.RunPaused {
+		select {
+		case m.paused <- struct{}{}:
+		default:
+		}
+	}
 	return &r, nil
 }
 
@@ -379,6 +385,10 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 func (m *Manager) Run(ctx context.Context) {
 	t := time.NewTicker(max(m.Config.Lease/3, 100*time.Millisecond))
 	defer t.Stop()
+	// Wakes at the next paused run's deadline, so that an expired question
+	// ends its run then, not at the next tick.
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
 	var lastRetention time.Time
 	for {
 		m.takeOver(ctx)
@@ -387,14 +397,30 @@ func (m *Manager) Run(ctx context.Context) {
 			lastRetention = time.Now()
 			m.retain(ctx)
 		}
+		expiry.Reset(m.nextExpiry(ctx))
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.ctx.Done():
 			return
 		case <-t.C:
+		case <-expiry.C:
+		case <-m.paused:
 		}
 	}
+}
+
+// nextExpiry is how long until the earliest paused run's question
+// expires (with the grace), at most an hour.
+func (m *Manager) nextExpiry(ctx context.Context) time.Duration {
+	var next []time.Time
+	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("pause_deadline").Where("status = ?", store.RunPaused).
+		Where("pause_deadline IS NOT NULL").OrderExpr("pause_deadline").Limit(1).Scan(ctx, &next)
+	if err != nil || len(next) == 0 {
+		return time.Hour
+	}
+	// A little past the deadline: expirePaused wants it strictly passed.
+	return min(time.Hour, max(time.Millisecond, next[0].Add(m.Config.PauseGrace+5*time.Millisecond).Sub(m.now())))
 }
 
 func (m *Manager) takeOver(ctx context.Context) {

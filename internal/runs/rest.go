@@ -57,9 +57,17 @@ func raw(s string) json.RawMessage {
 }
 
 func toObject(r *store.Run) object {
+	// What is no longer true is not shown: the question and its deadline
+	// belong to a paused run only (the row keeps them from the event that
+	// asked, a moment before the status says so), a cancel is requested
+	// only of a run that has not ended.
+	pending, deadline := "", (*time.Time)(nil)
+	if r.Status == store.RunPaused {
+		pending, deadline = r.Pending, r.PauseDeadline
+	}
 	o := object{ID: r.ID, Object: "intern.run", InternID: r.InternID, Status: r.Status,
-		PendingInteraction: raw(r.Pending), PauseDeadline: stamp(r.PauseDeadline), Error: raw(r.Error), Usage: raw(r.Usage),
-		CancelRequested: r.CancelRequested, LastEventID: r.LastSeq, EventsTruncated: r.EventsTruncated,
+		PendingInteraction: raw(pending), PauseDeadline: stamp(deadline), Error: raw(r.Error), Usage: raw(r.Usage),
+		CancelRequested: r.CancelRequested && !terminal(r.Status), LastEventID: r.LastSeq, EventsTruncated: r.EventsTruncated,
 		CreatedAt: *stamp(&r.CreatedAt), UpdatedAt: *stamp(&r.UpdatedAt), EndedAt: stamp(r.EndedAt)}
 	if r.SessionID != "" {
 		o.SessionID = &r.SessionID

@@ -72,7 +72,8 @@ type Config struct {
 	// run looks for new chunks.
 	Poll time.Duration
 	// PauseGrace is how long after its question's deadline a paused run
-	// is ended here (the daemon has cancelled it by then).
+	// is ended here (the daemon cancels it at the deadline); 0 ends it at
+	// the deadline.
 	PauseGrace time.Duration
 	// Keepalive is the silence after which an event stream (both doors)
 	// sends a keepalive, so that idle proxies keep a paused run's stream
@@ -96,9 +97,6 @@ func (c *Config) defaults() {
 	if c.Poll <= 0 {
 		c.Poll = DefaultPoll
 	}
-	if c.PauseGrace <= 0 {
-		c.PauseGrace = 30 * time.Second
-	}
 	if c.Keepalive <= 0 {
 		c.Keepalive = sse.DefaultKeepalive
 	}
@@ -120,6 +118,8 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	paused chan struct{} // a run paused here: Run looks at its deadline
+
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // run id → closed when it has news
 	owned   map[string]bool          // runs this process records
@@ -133,7 +133,7 @@ func New(db *bun.DB, c *chat.Service, ins *interns.Service, log *slog.Logger, cf
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: "gw_" + randomID(9),
-		ctx: ctx, cancel: cancel, waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
+		ctx: ctx, cancel: cancel, paused: make(chan struct{}, 1), waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
 }
 
 func randomID(n int) string {

@@ -660,3 +660,46 @@ func TestBackgroundPauseExpires(t *testing.T) {
 }
 
 func (n *notes) Notify() {}
+
+// TestBackgroundRunRecordIsTrue polls a run tightly from its start through
+// its pause to the expiry of its question, under the default settings: a
+// poll never shows a question or a deadline on a run that is not paused,
+// nor a pending cancel on one that has ended, and the run ends within a
+// second of its question's deadline (it stayed paused up to 40 s after).
+func TestBackgroundRunRecordIsTrue(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		f := newFixtureDaemon(t, db, nil, 2*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go f.e.Server.Runs.Run(ctx)
+		id := f.start(t, bg("still there?"))["id"].(string)
+		var deadline time.Time
+		var r map[string]any
+		for began := time.Now(); time.Since(began) < wait; {
+			r = f.get(t, id)
+			status, _ := r["status"].(string)
+			if status != "paused" && (r["pending_interaction"] != nil || r["pause_deadline"] != nil) {
+				t.Fatalf("a %s run shows a question: %v", status, r)
+			}
+			if status == "paused" && (r["pending_interaction"] == nil || r["pause_deadline"] == nil) {
+				t.Fatalf("a paused run without its question: %v", r)
+			}
+			if status == "paused" && deadline.IsZero() {
+				var err error
+				if deadline, err = time.Parse(time.RFC3339Nano, r["pause_deadline"].(string)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if status == "completed" || status == "failed" || status == "cancelled" {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if r["status"] != "cancelled" || r["cancel_requested"] != false {
+			t.Fatalf("the run's end: %v", r)
+		}
+		if ended, err := time.Parse(time.RFC3339Nano, r["ended_at"].(string)); err != nil || ended.Sub(deadline) > time.Second {
+			t.Fatalf("ended at %v, its question's deadline was %v: later than a second", r["ended_at"], deadline)
+		}
+	})
+}
