@@ -52,6 +52,13 @@ func runInit() {
 		fail("read spec", err, "")
 	}
 	f.Close()
+	// The caller put this process in the jail's cgroups before it sent the
+	// spec: they become the root of a cgroup namespace of the jail's own,
+	// so /proc/self/cgroup names no cgroup of the host (the program, forked
+	// from this locked thread, inherits it).
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		fail("cgroup namespace", err, "the kernel needs cgroup namespaces (CONFIG_CGROUPS, Linux 4.6)")
+	}
 	s := &w.Spec
 	// The init holds exactly what its caller meant to pass, whatever the
 	// caller itself had inherited; the program gets 0–2 and its own files.
