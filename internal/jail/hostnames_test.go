@@ -127,3 +127,25 @@ func TestNoHostNamesInProc(t *testing.T) {
 		}
 	}
 }
+
+// A gateway binary in /tmp (its directory is hidden from the jail) leaves
+// the jail's own /tmp writable: the jail's /tmp is a private tmpfs, which
+// shows nothing of the host's to hide.
+func TestTmpWritableWhereverTheBinaryLives(t *testing.T) {
+	needNamespaces(t)
+	for _, userNS := range []bool{false, true} {
+		if !userNS && os.Geteuid() != 0 {
+			continue
+		}
+		base := openDir(t)
+		internDir := filepath.Join(base, "intern")
+		os.MkdirAll(internDir, 0o777)
+		os.Chmod(internDir, 0o777)
+		// The binary's directory as cmd/cohort hides it: /tmp itself, and
+		// /dev/shm for one kept there.
+		r := runHostnames(t, userNS, []string{"/tmp", "/dev/shm", base}, base, internDir)
+		if r.WriteTmp != "" || r.WriteShm != "" {
+			t.Errorf("userns=%v: the binary's directory hidden: /tmp %q, /dev/shm %q; want both writable", userNS, r.WriteTmp, r.WriteShm)
+		}
+	}
+}
