@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -99,14 +102,73 @@ func (f *fileStore) name(id, ext string) string {
 	return filepath.Join(f.dir, hex.EncodeToString(h[:16])+ext)
 }
 
+// openRegular opens a session file, which must be a regular file: the
+// directory is the intern's, and a command may plant a FIFO there (whose
+// open or read would block the daemon, under its lock, until someone
+// writes), a symlink (to a file the daemon may read and the command not),
+// or a device. It opens without following a symlink and without blocking,
+// refuses whatever fstat says is not a regular file, and only then clears
+// O_NONBLOCK.
+func openRegular(p string, flag int) (*os.File, error) {
+	file, err := os.OpenFile(p, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("session file %s is a symbolic link: refused", filepath.Base(p))
+		}
+		if errors.Is(err, syscall.ENXIO) {
+			// O_WRONLY|O_NONBLOCK on a FIFO nobody reads.
+			return nil, fmt.Errorf("session file %s is not a regular file: refused", filepath.Base(p))
+		}
+		return nil, err
+	}
+	st, err := file.Stat()
+	if err != nil {
+		file.Close()
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		file.Close()
+		return nil, fmt.Errorf("session file %s is not a regular file (%s): refused", filepath.Base(p), fileKind(st.Mode()))
+	}
+	if rc, err := file.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { syscall.SetNonblock(int(fd), false) })
+	}
+	return file, nil
+}
+
+// fileKind names a file's type for an error.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return m.Type().String()
+}
+
+// readRegular reads a whole session file (see openRegular).
+func readRegular(p string) ([]byte, error) {
+	file, err := openRegular(p, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	return io.ReadAll(file)
+}
+
 // read returns the session's record as stored (nil when there is none) and
 // the size of its journal (-1 when the journal needs rewriting: absent, or
 // ending in a torn line).
 func (f *fileStore) read(id string) (*sessionRecord, int64, error) {
-	b, err := os.ReadFile(f.path(id))
+	b, err := readRegular(f.path(id))
 	size := int64(len(b))
 	if errors.Is(err, os.ErrNotExist) {
-		b, err = os.ReadFile(f.legacyPath(id))
+		b, err = readRegular(f.legacyPath(id))
 		size = -1
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, -1, nil
@@ -147,7 +209,7 @@ func (f *fileStore) save(rec *sessionRecord, size int64) error {
 	b = append(b, '\n')
 	p := f.path(rec.ID)
 	if size >= 0 && size+int64(len(b)) <= compactAt(len(b)) {
-		w, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		w, err := openRegular(p, os.O_WRONLY|os.O_APPEND)
 		if err == nil {
 			_, err = w.Write(b)
 			if cerr := w.Close(); err == nil {

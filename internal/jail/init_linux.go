@@ -52,6 +52,13 @@ func runInit() {
 		fail("read spec", err, "")
 	}
 	f.Close()
+	// The caller put this process in the jail's cgroups before it sent the
+	// spec: they become the root of a cgroup namespace of the jail's own,
+	// so /proc/self/cgroup names no cgroup of the host (the program, forked
+	// from this locked thread, inherits it).
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		fail("cgroup namespace", err, "the kernel needs cgroup namespaces (CONFIG_CGROUPS, Linux 4.6)")
+	}
 	s := &w.Spec
 	// The init holds exactly what its caller meant to pass, whatever the
 	// caller itself had inherited; the program gets 0–2 and its own files.
@@ -544,7 +551,7 @@ func buildRoot(s *Spec) {
 			must("symlink "+p, err)
 		}
 	}
-	for _, p := range s.Hide {
+	for _, p := range hidden(s) {
 		must("hide "+p, hide("/newroot"+p))
 	}
 
@@ -683,6 +690,43 @@ func writeFile(i int, f File) error {
 		return err
 	}
 	return setattr(dst, false, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+}
+
+// ownMounts are the jail's own file systems: nothing of the host shows
+// in them but the binds made inside them.
+var ownMounts = []string{"/tmp", "/dev", "/proc"}
+
+// hidden is what of s.Hide to cover. A path in one of the jail's own
+// mounts (a binary kept in /tmp has its directory, /tmp, hidden) shows
+// nothing of the host there: covering it would take the jail's /tmp
+// away. Only the binds inside it are covered then.
+func hidden(s *Spec) []string {
+	var out []string
+	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	for _, p := range s.Hide {
+		p = filepath.Clean(p)
+		own := false
+		for _, m := range ownMounts {
+			if under(p, m) && !(m == "/dev" && s.Inherit) {
+				own = true
+			}
+		}
+		for _, b := range s.Binds {
+			if under(p, filepath.Clean(b.Dst)) {
+				own = false // under a bind: the host's
+			}
+		}
+		if !own {
+			out = append(out, p)
+			continue
+		}
+		for _, b := range s.Binds {
+			if dst := filepath.Clean(b.Dst); under(dst, p) {
+				out = append(out, dst)
+			}
+		}
+	}
+	return out
 }
 
 // hide covers a path that exists in the new root with an empty read-only

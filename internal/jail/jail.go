@@ -109,7 +109,9 @@ type Spec struct {
 	Files    []File            `json:"files,omitempty"`
 	// Hide covers these paths inside the jail with an empty read-only
 	// directory when they exist (a host directory that a bind would
-	// otherwise show).
+	// otherwise show). A path in the jail's own /tmp, /dev or /proc is
+	// not covered (nothing of the host shows there): only the binds
+	// inside it are.
 	Hide []string `json:"hide,omitempty"`
 	// Relays open the only ways out of the network namespace.
 	Relays []Relay `json:"relays,omitempty"`

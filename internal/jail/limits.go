@@ -17,7 +17,10 @@ import (
 type Limits struct {
 	// Memory is the jail's memory in bytes (page cache and tmpfs pages
 	// included; no swap beyond it). Past it the kernel's OOM killer ends
-	// the jail's largest process, in this jail only.
+	// the jail's largest process, in this jail only. Its sockets' buffers
+	// count too: on v2 in the same figure, on v1 in a TCP counter of their
+	// own bounded at the same figure (memory.kmem.tcp.limit_in_bytes),
+	// past which writes wait (EAGAIN).
 	Memory int64 `json:"memory,omitempty"`
 	// Pids bounds the jail's processes and threads: fork and clone fail
 	// with EAGAIN past it.

@@ -161,3 +161,45 @@ func TestCheckLimitsWithoutControllers(t *testing.T) {
 		t.Fatalf("placeInCgroups without controllers: %v %v", dirs, err)
 	}
 }
+
+// Socket buffers: where a jail's would escape its memory limit, the
+// warning at start says so (v1 without the TCP file, v2 booted with
+// cgroup.memory=nosocket); where they are charged, it says nothing.
+func TestSocketMemoryGap(t *testing.T) {
+	v1 := &hierarchy{mnt: "/sys/fs/cgroup/memory", root: "/", base: "/sys/fs/cgroup/memory/gw"}
+	v2 := &hierarchy{v2: true, mnt: "/sys/fs/cgroup", root: "/", base: "/sys/fs/cgroup/gw"}
+	has := func(string) bool { return true }
+	lacks := func(string) bool { return false }
+	if got := socketMemoryGap(v1, "quiet", has); got != "" {
+		t.Errorf("v1 with %s: %q, want nothing", tcpLimitFile, got)
+	}
+	if got := socketMemoryGap(v1, "quiet", lacks); !strings.Contains(got, "socket buffers") || !strings.Contains(got, tcpLimitFile) {
+		t.Errorf("v1 without %s: %q", tcpLimitFile, got)
+	}
+	if got := socketMemoryGap(v2, "quiet splash", lacks); got != "" {
+		t.Errorf("v2: %q, want nothing (v2 charges socket memory)", got)
+	}
+	if got := socketMemoryGap(v2, "quiet cgroup.memory=nosocket", lacks); !strings.Contains(got, "socket buffers") || !strings.Contains(got, "nosocket") {
+		t.Errorf("v2 booted with nosocket: %q", got)
+	}
+	// This host: where CheckLimits finds nothing to say of the memory
+	// limit, the jail's cgroup has the TCP limit written (v1) or needs
+	// none (v2).
+	h := cgroupHosts()["memory"]
+	if h == nil || os.Geteuid() != 0 {
+		return
+	}
+	for _, p := range CheckLimits(Limits{Memory: 64 << 20}) {
+		t.Logf("this host: %s", p)
+	}
+	dirs, err := makeCgroups(Limits{Memory: 64 << 20}, "sockmem-"+strconv.Itoa(os.Getpid()), 0)
+	defer removeCgroups(dirs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.v2 && len(dirs) == 1 && exists(filepath.Join(dirs[0], tcpLimitFile)) {
+		if got := strings.TrimSpace(readFile(filepath.Join(dirs[0], tcpLimitFile))); got != strconv.Itoa(64<<20) {
+			t.Errorf("%s of a jail's v1 cgroup is %s, want the memory limit %d", tcpLimitFile, got, 64<<20)
+		}
+	}
+}

@@ -151,8 +151,43 @@ func CheckLimits(l Limits) []string {
 	}
 	if err := cgroupsUsable(l); err != nil {
 		out = append(out, fmt.Sprintf("memory, processes and CPU share: %v", err))
+	} else if h := hs["memory"]; l.Memory > 0 && h != nil {
+		if gap := socketMemoryGap(h, readFile("/proc/cmdline"), pathExists); gap != "" {
+			out = append(out, gap)
+		}
 	}
 	return out
+}
+
+// socketMemoryGap says why a jail's socket buffers (TCP's send and receive
+// queues, kernel memory the sockets hold) escape its memory limit on this
+// host, or "" when they do not. On cgroup v2 they are charged to the
+// cgroup's memory with the rest, unless the kernel was booted with
+// cgroup.memory=nosocket. On v1 they are charged only to a cgroup whose
+// memory.kmem.tcp.limit_in_bytes was written (writeLimit writes it), a
+// file a kernel without kernel memory accounting lacks: then 400
+// connections filled without reading hold gigabytes of the host's memory
+// while the cgroup shows megabytes.
+func socketMemoryGap(h *hierarchy, cmdline string, exists func(string) bool) string {
+	if h.v2 {
+		if slices.Contains(strings.Fields(cmdline), "cgroup.memory=nosocket") {
+			return "socket buffers (memory limit): the kernel was booted with cgroup.memory=nosocket, so a jail's TCP buffers are not charged to its memory limit"
+		}
+		return ""
+	}
+	if !exists(filepath.Join(h.base, tcpLimitFile)) {
+		return "socket buffers (memory limit): the v1 memory controller has no " + tcpLimitFile + " (a kernel without CONFIG_MEMCG_KMEM, or one that removed it), so a jail's TCP buffers are not charged to its memory limit; cgroup v2 charges them"
+	}
+	return ""
+}
+
+// tcpLimitFile bounds a v1 memory cgroup's TCP buffers, and makes the
+// kernel charge them at all.
+const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
+
+func pathExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 var (
@@ -260,6 +295,17 @@ func writeLimit(dir, c string, v2 bool, l Limits) error {
 			return err
 		}
 		optional("memory.memsw.limit_in_bytes", mem)
+		// Socket buffers: v1 charges them to a counter of their own, and
+		// only once its limit is written (before any socket of the jail
+		// exists: a socket is charged to the cgroup it was made in, from
+		// then on). The same figure as the memory limit: a jail's TCP
+		// queues hold no more of the host than that. Where the file is
+		// missing, CheckLimits says so at start.
+		if pathExists(filepath.Join(dir, tcpLimitFile)) {
+			if err := set(tcpLimitFile, mem); err != nil {
+				return err
+			}
+		}
 	case c == "pids":
 		return set("pids.max", strconv.Itoa(l.Pids))
 	case c == "cpu":

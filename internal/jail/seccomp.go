@@ -7,7 +7,10 @@ import "fmt"
 // no business calling: ptrace and reading other processes' memory, kernel
 // modules and kexec, bpf, keyrings, perf events, userfaultfd, file handles,
 // swap, reboot, the clocks, the kernel log, accounting, quotas, io_uring and
-// the rest of Docker's default deny list. clone3 is ENOSYS (its flags are in
+// the rest of Docker's default deny list. Sockets of a family other than
+// AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (routes and socket diagnostics
+// only) are EAFNOSUPPORT (EPROTONOSUPPORT for another netlink protocol):
+// AF_VSOCK above all, which is not scoped to a network namespace. clone3 is ENOSYS (its flags are in
 // memory the filter cannot read; libc falls back to clone, whose flags it
 // can). A syscall of another architecture kills the process.
 const (

@@ -13,6 +13,12 @@ import (
 // written big-endian at the offset where the kernel puts it.
 func decide(t *testing.T, prog []bpf.Instruction, arch, nr uint32, arg0 uint32) uint32 {
 	t.Helper()
+	return decideArgs(t, prog, arch, nr, arg0, 0)
+}
+
+// decideArgs is decide with the third argument too.
+func decideArgs(t *testing.T, prog []bpf.Instruction, arch, nr, arg0, arg2 uint32) uint32 {
+	t.Helper()
 	vm, err := bpf.NewVM(prog)
 	if err != nil {
 		t.Fatal(err)
@@ -21,6 +27,7 @@ func decide(t *testing.T, prog []bpf.Instruction, arch, nr uint32, arg0 uint32) 
 	binary.BigEndian.PutUint32(data[offNR:], nr)
 	binary.BigEndian.PutUint32(data[offArch:], arch)
 	binary.BigEndian.PutUint32(data[offArg0:], arg0)
+	binary.BigEndian.PutUint32(data[offArg2:], arg2)
 	ret, err := vm.Run(data)
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +93,41 @@ func TestSeccompProgram(t *testing.T) {
 		if got := decide(t, nested, native, c.nr, c.arg); got != c.nesting {
 			t.Errorf("nested: syscall %d (%#x): %#x, want %#x", c.nr, c.arg, got, c.nesting)
 		}
+	}
+	// Socket families by allowlist, at both levels; netlink for routes
+	// and socket diagnostics only.
+	sockets := []struct {
+		family, proto uint32
+		want          uint32
+	}{
+		{unix.AF_UNIX, 0, retAllow},
+		{unix.AF_INET, 0, retAllow},
+		{unix.AF_INET6, 0, retAllow},
+		{unix.AF_NETLINK, unix.NETLINK_ROUTE, retAllow},
+		{unix.AF_NETLINK, unix.NETLINK_SOCK_DIAG, retAllow},
+		{unix.AF_NETLINK, unix.NETLINK_KOBJECT_UEVENT, retNoPF},
+		{unix.AF_NETLINK, unix.NETLINK_AUDIT, retNoPF},
+		{unix.AF_NETLINK, unix.NETLINK_GENERIC, retNoPF},
+		{unix.AF_VSOCK, 0, retNoAF},
+		{unix.AF_PACKET, 0, retNoAF},
+		{unix.AF_ALG, 0, retNoAF},
+		{unix.AF_BLUETOOTH, 0, retNoAF},
+		{unix.AF_XDP, 0, retNoAF},
+		{unix.AF_UNSPEC, 0, retNoAF},
+		{unix.AF_UNIX | 0x100, 0, retNoAF},
+	}
+	for _, nr := range []uint32{unix.SYS_SOCKET, unix.SYS_SOCKETPAIR} {
+		for _, c := range sockets {
+			for name, prog := range map[string][]bpf.Instruction{"strict": strict, "nested": nested} {
+				if got := decideArgs(t, prog, native, nr, c.family, c.proto); got != c.want {
+					t.Errorf("%s: syscall %d family %d protocol %d: %#x, want %#x", name, nr, c.family, c.proto, got, c.want)
+				}
+			}
+		}
+	}
+	// The protocol of another family is not looked at.
+	if got := decideArgs(t, strict, native, unix.SYS_SOCKET, unix.AF_INET, unix.IPPROTO_UDP); got != retAllow {
+		t.Errorf("strict: socket(AF_INET, …, IPPROTO_UDP): %#x, want allowed", got)
 	}
 	// Another architecture's syscalls (i386 on amd64, arm on arm64, or
 	// either on the other) kill the process, whatever they are.

@@ -181,7 +181,8 @@ var seccompDenied = []uint32{
 	// The machine: swap, reboot, clocks, accounting, quotas, NUMA policy, terminals.
 	unix.SYS_SWAPON, unix.SYS_SWAPOFF, unix.SYS_REBOOT, unix.SYS_CLOCK_SETTIME, unix.SYS_CLOCK_ADJTIME,
 	unix.SYS_SETTIMEOFDAY, unix.SYS_ACCT, unix.SYS_QUOTACTL, unix.SYS_QUOTACTL_FD, unix.SYS_NFSSERVCTL,
-	unix.SYS_MBIND, unix.SYS_SET_MEMPOLICY, unix.SYS_MIGRATE_PAGES, unix.SYS_MOVE_PAGES, unix.SYS_VHANGUP,
+	unix.SYS_MBIND, unix.SYS_SET_MEMPOLICY, unix.SYS_SET_MEMPOLICY_HOME_NODE, unix.SYS_MIGRATE_PAGES,
+	unix.SYS_MOVE_PAGES, unix.SYS_VHANGUP,
 	// Other namespaces, and the new mount API (never used by a nested jail's init).
 	unix.SYS_SETNS, unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT, unix.SYS_FSOPEN, unix.SYS_FSCONFIG,
 	unix.SYS_FSMOUNT, unix.SYS_FSPICK,
@@ -197,6 +198,22 @@ const (
 	unshareNamespaces = cloneNamespaces | unix.CLONE_NEWTIME
 )
 
+// Socket families a program may open (socket, socketpair); any other is
+// EAFNOSUPPORT, as from a kernel without it. AF_VSOCK is the one that
+// matters: a vsock reaches the hypervisor and other guests, and is not
+// scoped to a network namespace. Measured (strace, 2026-11-29): Go's
+// net.Interfaces and net.InterfaceAddrs, Node's os.networkInterfaces,
+// glibc's getaddrinfo with AI_ADDRCONFIG (Python, getent) and ip(8) open
+// AF_NETLINK with NETLINK_ROUTE; ss(8) NETLINK_SOCK_DIAG; glibc's nscd
+// probe and curl AF_UNIX (curl also a socketpair); clients AF_INET and
+// AF_INET6. Nothing else.
+var seccompFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// Netlink protocols a program may open: routes, addresses and links (in
+// its own network namespace), and socket diagnostics. Any other is
+// EPROTONOSUPPORT.
+var seccompNetlink = []uint32{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
+
 // personality values a program may set (Docker's list): the default, a
 // query, and the 32-bit and old-uname views.
 var seccompPersonalities = []uint32{0, 0x0008, 0x20000, 0x20008, 0xffffffff}
@@ -206,6 +223,7 @@ const (
 	offNR   = 0
 	offArch = 4
 	offArg0 = 16
+	offArg2 = 32
 )
 
 const (
@@ -213,6 +231,8 @@ const (
 	retKill  = unix.SECCOMP_RET_KILL_PROCESS
 	retEPERM = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 	retNoSys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+	retNoAF  = unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)
+	retNoPF  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPROTONOSUPPORT)
 )
 
 // seccompProgram builds the filter of level for arch.
@@ -250,6 +270,11 @@ func seccompProgram(level string, arch seccompArch) ([]bpf.Instruction, error) {
 		p = append(p, bpf.JumpIf{Cond: bpf.JumpEqual, Val: v, SkipTrue: uint8(n - i)})
 	}
 	p = append(p, bpf.RetConstant{Val: retEPERM}, bpf.RetConstant{Val: retAllow})
+	// socket and socketpair: families by allowlist, at every level (the
+	// daemon and its agent need no more than their commands).
+	for _, nr := range []uint32{unix.SYS_SOCKET, unix.SYS_SOCKETPAIR} {
+		p = append(p, socketFilter(nr)...)
+	}
 	if level == SeccompNested {
 		return append(p, bpf.RetConstant{Val: retAllow}), nil
 	}
@@ -266,4 +291,36 @@ func seccompProgram(level string, arch seccompArch) ([]bpf.Instruction, error) {
 			bpf.RetConstant{Val: retAllow})
 	}
 	return append(p, bpf.RetConstant{Val: retAllow}), nil
+}
+
+// socketFilter is the block that checks the family (the first argument)
+// and, for AF_NETLINK, the protocol (the third) of syscall nr, which is
+// socket or socketpair; any other syscall skips it.
+func socketFilter(nr uint32) []bpf.Instruction {
+	var b []bpf.Instruction
+	b = append(b, bpf.LoadAbsolute{Off: offArg0, Size: 4})
+	// Jumps to "allow" (the last instruction) or "netlink" are patched
+	// below, once the block's length is known.
+	var toAllow []int
+	for _, f := range seccompFamilies {
+		if f == unix.AF_NETLINK {
+			continue
+		}
+		toAllow = append(toAllow, len(b))
+		b = append(b, bpf.JumpIf{Cond: bpf.JumpEqual, Val: f})
+	}
+	b = append(b, bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_NETLINK, SkipFalse: uint8(2 + len(seccompNetlink))},
+		bpf.LoadAbsolute{Off: offArg2, Size: 4})
+	for _, proto := range seccompNetlink {
+		toAllow = append(toAllow, len(b))
+		b = append(b, bpf.JumpIf{Cond: bpf.JumpEqual, Val: proto})
+	}
+	b = append(b, bpf.RetConstant{Val: retNoPF}, bpf.RetConstant{Val: retNoAF}, bpf.RetConstant{Val: retAllow})
+	allow := len(b) - 1
+	for _, i := range toAllow {
+		j := b[i].(bpf.JumpIf)
+		j.SkipTrue = uint8(allow - i - 1)
+		b[i] = j
+	}
+	return append([]bpf.Instruction{bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: nr, SkipTrue: uint8(len(b))}}, b...)
 }

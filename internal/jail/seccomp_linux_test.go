@@ -116,7 +116,44 @@ func trySyscalls() map[string]string {
 	raw("personality-bsd", unix.SYS_PERSONALITY, 0x0006)
 	raw("personality-query", unix.SYS_PERSONALITY, 0xffffffff)
 	raw("syslog", unix.SYS_SYSLOG, 10 /* SYSLOG_ACTION_SIZE_BUFFER */, 0, 0)
+	// An empty range: 0 when allowed (ENOSYS on a kernel without NUMA).
+	raw("set_mempolicy_home_node", 450 /* amd64 and arm64 */, 0, 0, 0, 0)
+	for _, s := range socketTries {
+		fd, err := unix.Socket(s.family, s.typ, s.proto)
+		note("socket-"+s.name, err)
+		if err == nil {
+			unix.Close(fd)
+		}
+	}
+	for _, s := range socketTries {
+		if s.family == unix.AF_VSOCK || s.family == unix.AF_UNIX {
+			fds, err := unix.Socketpair(s.family, s.typ, s.proto)
+			note("socketpair-"+s.name, err)
+			if err == nil {
+				unix.Close(fds[0])
+				unix.Close(fds[1])
+			}
+		}
+	}
 	return res
+}
+
+// socketTries are the sockets trySyscalls opens: the families and netlink
+// protocols the filter allows, and some it refuses.
+var socketTries = []struct {
+	name               string
+	family, typ, proto int
+	allowed            bool
+	refusedWith        string
+}{
+	{"unix", unix.AF_UNIX, unix.SOCK_STREAM, 0, true, ""},
+	{"inet", unix.AF_INET, unix.SOCK_STREAM, 0, true, ""},
+	{"inet6", unix.AF_INET6, unix.SOCK_DGRAM, 0, true, ""},
+	{"netlink-route", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE, true, ""},
+	{"netlink-diag", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG, true, ""},
+	{"vsock", unix.AF_VSOCK, unix.SOCK_STREAM, 0, false, "EAFNOSUPPORT"},
+	{"netlink-uevent", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_KOBJECT_UEVENT, false, "EPROTONOSUPPORT"},
+	{"netlink-generic", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_GENERIC, false, "EPROTONOSUPPORT"},
 }
 
 // runSeccompProgram runs the test binary in a jail with the level given
@@ -160,7 +197,7 @@ func runSeccompProgram(t *testing.T, level string, userNS bool) map[string]strin
 // test sees the filter itself, not the kernel's own permission checks.
 var witnesses = []string{"ptrace", "clone-newuser", "unshare-newuser", "process_vm_readv", "process_vm_writev",
 	"pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "io_uring_setup", "userfaultfd", "bpf",
-	"perf_event_open", "name_to_handle_at", "setns", "personality-bsd"}
+	"perf_event_open", "name_to_handle_at", "setns", "personality-bsd", "set_mempolicy_home_node"}
 
 func TestSeccompDeniesWhatRuntimesDeny(t *testing.T) {
 	needNamespaces(t)
@@ -195,7 +232,10 @@ func TestSeccompDeniesWhatRuntimesDeny(t *testing.T) {
 				}
 			}
 
+			checkSockets(t, "strict", strict, off)
+
 			nested := runSeccompProgram(t, jail.SeccompNested, userNS)
+			checkSockets(t, "nested", nested, off)
 			if nested["clone-newuser"] != "" || nested["unshare-newuser"] != "" {
 				t.Errorf("nested: a new user namespace was refused (%q, %q)", nested["clone-newuser"], nested["unshare-newuser"])
 			}
@@ -205,6 +245,32 @@ func TestSeccompDeniesWhatRuntimesDeny(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkSockets: the families (and netlink protocols) the filter allows
+// open; the others are refused with the errno of a kernel without them.
+// A refused one is a witness only where it opens without the filter
+// (AF_VSOCK needs the vsock module, present on a VM's guest).
+func checkSockets(t *testing.T, level string, got, off map[string]string) {
+	t.Helper()
+	for _, s := range socketTries {
+		name := "socket-" + s.name
+		switch {
+		case s.allowed && got[name] != "":
+			t.Errorf("%s: %s failed: %s", level, name, got[name])
+		case !s.allowed && got[name] != s.refusedWith:
+			t.Errorf("%s: %s gave %q, want %s (without a filter: %q)", level, name, got[name], s.refusedWith, off[name])
+		}
+	}
+	if got["socketpair-unix"] != "" {
+		t.Errorf("%s: socketpair(AF_UNIX) failed: %s", level, got["socketpair-unix"])
+	}
+	if got["socketpair-vsock"] != "EAFNOSUPPORT" {
+		t.Errorf("%s: socketpair(AF_VSOCK) gave %q, want EAFNOSUPPORT", level, got["socketpair-vsock"])
+	}
+	if off["socket-vsock"] != "" {
+		t.Logf("AF_VSOCK does not open here without a filter either (%s): only the filter's answer is checked", off["socket-vsock"])
 	}
 }
 

@@ -20,7 +20,11 @@ import (
 // overlay: the source's directory as its only real layer (the upper one
 // for a writable bind, with a work directory beside it), an empty
 // detached tmpfs as the other, and for a file, the file bound out of the
-// never-attached overlay.
+// never-attached overlay. A writable bind's upper and work directories
+// must be on one mount, where their names (the intern's id) would show:
+// they are given by neutral paths instead (/layers/<destination>/upper),
+// which is what mountinfo prints. Still shown: a file's own name (the
+// root of its mount is the file, named as on the host).
 
 // WorkDir is where a writable bind of src keeps the overlay's work
 // directory: beside it, on the same mount.
@@ -67,20 +71,22 @@ func bindUnnamed(b Bind, src, dst string, dir bool) (err error) {
 		if err := os.Mkdir(work, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-		tree, err := keep(unix.OpenTree(unix.AT_FDCWD, filepath.Dir(src), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC))
-		if err != nil {
+		// The upper and work directories must be on one mount, so their
+		// names in it would show (a descriptor's layer is printed as its
+		// path there: "upperdir=/<intern id>"). Given as a path instead,
+		// a layer is printed as that path: neutral links on the scratch
+		// root, gone with it, name them.
+		links := filepath.Join("/layers", b.Dst)
+		if err := os.MkdirAll(links, 0o700); err != nil {
 			return err
 		}
-		upper, err := keep(unix.Openat(tree, filepath.Base(src), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0))
-		if err != nil {
+		defer os.RemoveAll("/layers")
+		upper, wdir := filepath.Join(links, "upper"), filepath.Join(links, "work")
+		if err := errors.Join(os.Symlink(src, upper), os.Symlink(work, wdir)); err != nil {
 			return err
 		}
-		wfd, err := keep(unix.Openat(tree, filepath.Base(work), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0))
-		if err != nil {
-			return err
-		}
-		if err := errors.Join(unix.FsconfigSetFd(ovl, "lowerdir+", empty), unix.FsconfigSetFd(ovl, "upperdir", upper),
-			unix.FsconfigSetFd(ovl, "workdir", wfd)); err != nil {
+		if err := errors.Join(unix.FsconfigSetFd(ovl, "lowerdir+", empty), unix.FsconfigSetString(ovl, "upperdir", upper),
+			unix.FsconfigSetString(ovl, "workdir", wdir)); err != nil {
 			return err
 		}
 	} else {
