@@ -206,9 +206,9 @@ func serveModel(t testing.TB, r *egress.Relay, upstream string) string {
 				return
 			}
 			if upstream == "" {
-				go r.Serve(egress.KindModel, c)
+				go r.Serve("intern-a", egress.KindModel, c)
 			} else {
-				go r.ServeModel(c, upstream, func(context.Context) (string, error) { return realKey, nil })
+				go r.ServeModel("intern-a", c, upstream, func(context.Context) (string, error) { return realKey, nil })
 			}
 		}
 	}()
