@@ -262,7 +262,10 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		ModifyResponse: func(res *http.Response) error {
 			m, _ := res.Request.Context().Value(modelReqCtx{}).(modelReq)
 			if m.red == nil {
-				return nil
+				// No key to redact, yet an answer it cannot read as one
+				// coding is not passed on either.
+				_, err := contentCoding(res.Header)
+				return err
 			}
 			return redactResponse(res, m.red)
 		},
