@@ -32,7 +32,7 @@ const modelKeyPlaceholder = provision.KeyPlaceholder
 // settings (server.New probes that this machine can make it: it fails
 // closed, naming what is missing). Its relays are open until the
 // returned function closes them.
-func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, func(), error) {
+func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, *egress.Relay, func(), error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
@@ -41,12 +41,12 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	}
 	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
+		return nil, nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
 	}
 	var toolCA []byte
 	if cfg.HTTPToolCAFile != "" {
 		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
-			return nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
+			return nil, nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
 	traces, tracesHeaders := "", http.Header(nil)
@@ -57,7 +57,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
 		Log: log.With("component", "egress")})
 	if err != nil {
-		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+		return nil, nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	jc := &localjail.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
 		Orphan: cfg.JailOrphanTimeout, Limits: jailLimits(cfg.InternLimits),
@@ -67,9 +67,9 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	}
 	if err := jc.Check(); err != nil {
 		relay.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return jc, func() { relay.Close() }, nil
+	return jc, relay, func() { relay.Close() }, nil
 }
 
 // jailAgentEnv is what of the gateway's environment reaches a jailed

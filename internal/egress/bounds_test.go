@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/relayctx"
 )
 
 // listenAs is listen for intern's jail.
@@ -202,4 +203,26 @@ func TestRelayClosesIdleConnections(t *testing.T) {
 		}
 		waitOpen(t, r, "intern-tunnel", 0)
 	})
+}
+
+// With SetGateway the gateway relay serves the gateway's handler in
+// process, each request naming the intern whose jail sent it (what the
+// exchange limiter keys on), on the same capped, idle-timed connections.
+func TestGatewayRelayServesInProcessNamingTheIntern(t *testing.T) {
+	r := newRelay(t, egress.Config{})
+	r.SetGateway(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		id, ok := relayctx.Intern(req.Context())
+		fmt.Fprintf(w, "%s %v", id, ok)
+	}))
+	for _, intern := range []string{"intern-a", "intern-b"} {
+		res, err := http.Get("http://" + listenAs(t, r, intern, egress.KindGateway) + "/api/v1/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != intern+" true" {
+			t.Fatalf("%s: the gateway saw %q", intern, b)
+		}
+	}
 }
