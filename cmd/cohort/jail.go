@@ -72,6 +72,42 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	return jc, relay, func() { relay.Close() }, nil
 }
 
+// gatewayReserve is what of the gateway's descriptors is kept for
+// everything but the jails' relays: its listener's clients, the database,
+// the log, the provisioner's pipes and control sockets.
+const gatewayReserve = 4096
+
+// descriptorBudget says whether the jails' relays, each intern at its cap
+// (perIntern connections of egress.FDsPerConn descriptors), fit under
+// nofile beside gatewayReserve: with maxAwake interns (0: no cap) and how
+// many interns fit.
+func descriptorBudget(nofile uint64, maxAwake, perIntern int) (fit uint64, ok bool) {
+	each := uint64(perIntern * egress.FDsPerConn)
+	if nofile > gatewayReserve {
+		fit = (nofile - gatewayReserve) / each
+	}
+	return fit, maxAwake > 0 && uint64(maxAwake) <= fit
+}
+
+// checkDescriptors raises the gateway's descriptor limit (soft to hard)
+// and logs it beside what the jails' relays can take of it; a warning
+// when max-awake-interns at their cap would not fit, or when it is unset.
+func checkDescriptors(log *slog.Logger, maxAwake, perIntern int) {
+	nofile, err := egress.RaiseFileLimit()
+	if err != nil {
+		log.Warn("descriptors: RLIMIT_NOFILE could not be read or raised", "err", err)
+		return
+	}
+	fit, ok := descriptorBudget(nofile, maxAwake, perIntern)
+	attrs := []any{"nofile", nofile, "relay_conns_per_intern", perIntern, "fds_per_intern", perIntern * egress.FDsPerConn,
+		"max_awake_interns", maxAwake, "interns_at_cap_that_fit", fit, "reserve", gatewayReserve}
+	if ok {
+		log.Info("descriptors: every awake intern at its relay cap fits", attrs...)
+		return
+	}
+	log.Warn("descriptors: awake interns at their relay cap could exhaust the gateway's descriptors; set --max-awake-interns to at most interns_at_cap_that_fit, or raise the hard RLIMIT_NOFILE (systemd LimitNOFILE=)", attrs...)
+}
+
 // jailAgentEnv is what of the gateway's environment reaches a jailed
 // daemon and its agent: the built-in agent's settings, without the model
 // endpoint and key, which the relay stands in for.

@@ -142,6 +142,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer stopRelays()
+		checkDescriptors(log, cfg.MaxAwakeInterns, jailRelay.MaxConnsPerIntern())
 		if err := server.ProbeJail(cfg, jc); err != nil {
 			return err
 		}
