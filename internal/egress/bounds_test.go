@@ -226,3 +226,32 @@ func TestGatewayRelayServesInProcessNamingTheIntern(t *testing.T) {
 		}
 	}
 }
+
+// Hold (intern Pods' model relay, per request) counts against the same
+// per-intern cap as relay connections, and only the intern's own.
+func TestHoldCountsAgainstTheInternsCap(t *testing.T) {
+	r := newRelay(t, egress.Config{MaxConnsPerIntern: 2})
+	var releases []func()
+	for range 2 {
+		release, ok := r.Hold("pod-a")
+		if !ok {
+			t.Fatal("refused below the cap")
+		}
+		releases = append(releases, release)
+	}
+	if _, ok := r.Hold("pod-a"); ok {
+		t.Fatal("a request past the cap was held")
+	}
+	release, ok := r.Hold("pod-b")
+	if !ok {
+		t.Fatal("another intern refused")
+	}
+	release()
+	releases[0]()
+	if _, ok := r.Hold("pod-a"); !ok {
+		t.Fatal("refused after one was released")
+	}
+	if n := r.Open("pod-a"); n != 2 {
+		t.Fatalf("pod-a holds %d, want 2", n)
+	}
+}

@@ -389,6 +389,25 @@ func (r *Relay) Serve(intern string, kind byte, c net.Conn) {
 	}
 }
 
+// Hold counts one request of intern's against the same cap as its relay
+// connections, for intern Pods' model relay, whose connections are the
+// gateway listener's (idle ones bounded by its timeouts) and are known as
+// the intern's only once a request names it: release when the request is
+// done; false past the cap (refuse it at once).
+func (r *Relay) Hold(intern string) (release func(), ok bool) {
+	c := new(heldConn)
+	if !r.track(intern, c) {
+		return nil, false
+	}
+	return func() { r.untrack(c) }, true
+}
+
+// heldConn stands for one held request in the relay's bookkeeping; Close
+// (the relay's) does nothing to it.
+type heldConn struct{ net.Conn }
+
+func (*heldConn) Close() error { return nil }
+
 // track counts c against intern's cap; false: closed relay, or the intern
 // is at its cap (logged, at most once per refusalLogEvery per intern).
 func (r *Relay) track(intern string, c net.Conn) bool {
