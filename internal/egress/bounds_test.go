@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -254,4 +256,42 @@ func TestHoldCountsAgainstTheInternsCap(t *testing.T) {
 	if n := r.Open("pod-a"); n != 2 {
 		t.Fatalf("pod-a holds %d, want 2", n)
 	}
+}
+
+// Refusals are logged at most once per period per intern, with the count,
+// so an intern at its cap cannot flood the gateway's log either.
+func TestRelayLogsRefusalsRateLimited(t *testing.T) {
+	var logs syncBuffer
+	r := newRelay(t, egress.Config{MaxConnsPerIntern: 1, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	release, ok := r.Hold("intern-a")
+	if !ok {
+		t.Fatal("refused below the cap")
+	}
+	defer release()
+	for range 500 {
+		a, b := net.Pipe()
+		r.Serve("intern-a", egress.KindModel, a)
+		b.Close()
+	}
+	out := logs.String()
+	if n := strings.Count(out, "at its cap"); n != 1 || !strings.Contains(out, `"intern":"intern-a"`) || !strings.Contains(out, `"cap":1`) {
+		t.Fatalf("%d log lines for 500 refusals:\n%s", n, out)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

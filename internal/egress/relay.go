@@ -2,8 +2,9 @@
 // intern's processes reach anything outside their network namespace. Each
 // connection arrives tagged with its kind:
 //
-//   - KindGateway: spliced to the gateway's own API (the vault, for the
-//     daemon's http_request tool);
+//   - KindGateway: the gateway's own API (the vault, for the daemon's
+//     http_request tool), served in process with the intern named in each
+//     request (SetGateway), or spliced to a remote gateway's listener;
 //   - KindModel: an HTTP reverse proxy to the operator's model endpoint
 //     that carries model API calls only, puts the real model key in the
 //     provider's auth header where the agent wrote its placeholder, and
@@ -122,6 +123,8 @@ type Config struct {
 }
 
 // Relay serves relay connections. Serve may be called concurrently.
+// Every connection is counted against its intern's cap
+// (MaxConnsPerIntern), and closed when idle.
 type Relay struct {
 	cfg   Config
 	model *url.URL
