@@ -32,7 +32,7 @@ const modelKeyPlaceholder = provision.KeyPlaceholder
 // settings (server.New probes that this machine can make it: it fails
 // closed, naming what is missing). Its relays are open until the
 // returned function closes them.
-func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, func(), error) {
+func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, *egress.Relay, func(), error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
@@ -41,12 +41,12 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	}
 	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
+		return nil, nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
 	}
 	var toolCA []byte
 	if cfg.HTTPToolCAFile != "" {
 		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
-			return nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
+			return nil, nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
 	traces, tracesHeaders := "", http.Header(nil)
@@ -57,7 +57,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
 		Log: log.With("component", "egress")})
 	if err != nil {
-		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
+		return nil, nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	jc := &localjail.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
 		Orphan: cfg.JailOrphanTimeout, Limits: jailLimits(cfg.InternLimits),
@@ -67,9 +67,45 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	}
 	if err := jc.Check(); err != nil {
 		relay.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return jc, func() { relay.Close() }, nil
+	return jc, relay, func() { relay.Close() }, nil
+}
+
+// gatewayReserve is what of the gateway's descriptors is kept for
+// everything but the jails' relays: its listener's clients, the database,
+// the log, the provisioner's pipes and control sockets.
+const gatewayReserve = 4096
+
+// descriptorBudget says whether the jails' relays, each intern at its cap
+// (perIntern connections of egress.FDsPerConn descriptors), fit under
+// nofile beside gatewayReserve: with maxAwake interns (0: no cap) and how
+// many interns fit.
+func descriptorBudget(nofile uint64, maxAwake, perIntern int) (fit uint64, ok bool) {
+	each := uint64(perIntern * egress.FDsPerConn)
+	if nofile > gatewayReserve {
+		fit = (nofile - gatewayReserve) / each
+	}
+	return fit, maxAwake > 0 && uint64(maxAwake) <= fit
+}
+
+// checkDescriptors raises the gateway's descriptor limit (soft to hard)
+// and logs it beside what the jails' relays can take of it; a warning
+// when max-awake-interns at their cap would not fit, or when it is unset.
+func checkDescriptors(log *slog.Logger, maxAwake, perIntern int) {
+	nofile, err := egress.RaiseFileLimit()
+	if err != nil {
+		log.Warn("descriptors: RLIMIT_NOFILE could not be read or raised", "err", err)
+		return
+	}
+	fit, ok := descriptorBudget(nofile, maxAwake, perIntern)
+	attrs := []any{"nofile", nofile, "relay_conns_per_intern", perIntern, "fds_per_intern", perIntern * egress.FDsPerConn,
+		"max_awake_interns", maxAwake, "interns_at_cap_that_fit", fit, "reserve", gatewayReserve}
+	if ok {
+		log.Info("descriptors: every awake intern at its relay cap fits", attrs...)
+		return
+	}
+	log.Warn("descriptors: awake interns at their relay cap could exhaust the gateway's descriptors; set --max-awake-interns to at most interns_at_cap_that_fit, or raise the hard RLIMIT_NOFILE (systemd LimitNOFILE=)", attrs...)
 }
 
 // jailAgentEnv is what of the gateway's environment reaches a jailed

@@ -130,6 +130,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cfg.InternBinary = localjail.InternBinary(ctx, *internBinary, self, log)
 	}
 	var jc *localjail.JailConfig
+	var jailRelay *egress.Relay
 	if cfg.Provisioner == localjail.Name && !cfg.UnsafeSharedHost {
 		// The data directory exists before the jail's hidden paths are
 		// resolved (through symlinks too); it is created empty.
@@ -137,10 +138,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		var stopRelays func()
-		if jc, stopRelays, err = internJail(cfg, ln.Addr(), log); err != nil {
+		if jc, jailRelay, stopRelays, err = internJail(cfg, ln.Addr(), log); err != nil {
 			return err
 		}
 		defer stopRelays()
+		checkDescriptors(log, cfg.MaxAwakeInterns, jailRelay.MaxConnsPerIntern())
 		if err := server.ProbeJail(cfg, jc); err != nil {
 			return err
 		}
@@ -206,14 +208,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 	}
-	if err := srv.Start(ctx); err != nil {
-		return err
-	}
 	h := srv.Handler()
 	if kb, ok := srv.Backend.(*kubepods.Backend); ok && podModels != nil {
 		h = withPodRelay(h, kb.PodModelRelay(srv.Provisioner, podModels))
 	}
-	hs := server.HTTPServer(cfg.Listen, telemetry.Handler(h), log)
+	h = telemetry.Handler(h)
+	if jailRelay != nil {
+		// Before Start, which starts and adopts jails: each jail's
+		// gateway relay serves this handler in process, the intern named
+		// in each request (the exchange limiter keys on it).
+		jailRelay.SetGateway(h)
+	}
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	hs := server.HTTPServer(cfg.Listen, h, log)
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 

@@ -290,8 +290,12 @@ var errEncoding = errors.New("the model endpoint answered in a content encoding 
 // redactResponse makes res's body, as it streams, free of the key:
 // decoded when the upstream compressed it anyway, then redacted.
 func redactResponse(res *http.Response, red *httptool.Redactor) error {
+	enc, err := contentCoding(res.Header)
+	if err != nil {
+		return err
+	}
 	var open func(io.Reader) (io.Reader, error)
-	switch enc := strings.ToLower(strings.TrimSpace(res.Header.Get("Content-Encoding"))); enc {
+	switch enc {
 	case "", "identity":
 	case "gzip", "x-gzip":
 		open = func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) }
@@ -313,6 +317,29 @@ func redactResponse(res *http.Response, red *httptool.Redactor) error {
 		io.Closer
 	}{red.Reader(body), res.Body}
 	return nil
+}
+
+// contentCoding is the one content coding of a response (lower case, ""
+// for none). Every Content-Encoding line counts, not only the first: an
+// answer with two ("identity" on one line, "gzip" on the next, or
+// "identity, gzip") is refused, since a client may decode what the relay
+// took for plain.
+func contentCoding(h http.Header) (string, error) {
+	var codings []string
+	for _, line := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(line, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" {
+				codings = append(codings, c)
+			}
+		}
+	}
+	switch len(codings) {
+	case 0:
+		return "", nil
+	case 1:
+		return codings[0], nil
+	}
+	return "", errEncoding
 }
 
 // lazyDecoder opens its decoder at the first read: a decoder reads its

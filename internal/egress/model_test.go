@@ -75,6 +75,19 @@ func newEcho(t *testing.T) *echo {
 			w.Header().Set("Content-Encoding", "br")
 			w.Write(j)
 			return
+		case "identity-then-gzip", "list":
+			// Two codings: on two header lines, or in one comma list; the
+			// reflection gzip-compressed.
+			if req.URL.Query().Get("as") == "list" {
+				w.Header().Set("Content-Encoding", "identity, gzip")
+			} else {
+				w.Header().Add("Content-Encoding", "identity")
+				w.Header().Add("Content-Encoding", "gzip")
+			}
+			zw := gzip.NewWriter(w)
+			zw.Write(j)
+			zw.Close()
+			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		// The reflection in small pieces, flushed one by one, and cut in
@@ -206,9 +219,9 @@ func serveModel(t testing.TB, r *egress.Relay, upstream string) string {
 				return
 			}
 			if upstream == "" {
-				go r.Serve(egress.KindModel, c)
+				go r.Serve("intern-a", egress.KindModel, c)
 			} else {
-				go r.ServeModel(c, upstream, func(context.Context) (string, error) { return realKey, nil })
+				go r.ServeModel("intern-a", c, upstream, func(context.Context) (string, error) { return realKey, nil })
 			}
 		}
 	}()
@@ -335,6 +348,34 @@ func TestModelRelayRedactsTheKeyFromEveryResponse(t *testing.T) {
 		s := exchange(t, addr, "POST", "/v1/chat/completions?as=br", hdr("Authorization", "Bearer "+placeholder), "{}")
 		if s.status != http.StatusBadGateway || !strings.Contains(s.body, "upstream_encoding") || strings.Contains(s.all, realKey) {
 			t.Errorf("%s, br: %d %s", name, s.status, s.all)
+		}
+	}
+}
+
+// An answer with more than one Content-Encoding (two header lines, or a
+// list of two codings) is refused with 502, whatever the first says: the
+// relay reads what it forwards, all of it. (Before: "identity" on the first
+// line and "gzip" on the second passed the compressed reflection on
+// unredacted, and a client that decoded it read the real key.)
+func TestModelRelayRefusesSeveralContentEncodings(t *testing.T) {
+	e := newEcho(t)
+	r := newRelay(t, egress.Config{ModelBaseURL: e.srv.URL, ModelAPIKey: realKey, Placeholder: placeholder})
+	addr := serveModel(t, r, "")
+	for _, as := range []string{"identity-then-gzip", "list"} {
+		s := exchange(t, addr, "POST", "/v1/chat/completions?as="+as, hdr("Authorization", "Bearer "+placeholder), "{}")
+		// exchange decodes a gzip body only when the first value says
+		// gzip: read the raw bytes too, decoded whatever they are.
+		raw := s.all
+		if zr, err := gzip.NewReader(strings.NewReader(s.body)); err == nil {
+			if b, err := io.ReadAll(zr); err == nil {
+				raw += string(b)
+			}
+		}
+		if strings.Contains(raw, realKey) {
+			t.Errorf("%s: the key came back: %d %s", as, s.status, raw)
+		}
+		if s.status != http.StatusBadGateway || !strings.Contains(s.body, "upstream_encoding") {
+			t.Errorf("%s: %d %s, want 502 upstream_encoding", as, s.status, s.all)
 		}
 	}
 }

@@ -2,8 +2,9 @@
 // intern's processes reach anything outside their network namespace. Each
 // connection arrives tagged with its kind:
 //
-//   - KindGateway: spliced to the gateway's own API (the vault, for the
-//     daemon's http_request tool);
+//   - KindGateway: the gateway's own API (the vault, for the daemon's
+//     http_request tool), served in process with the intern named in each
+//     request (SetGateway), or spliced to a remote gateway's listener;
 //   - KindModel: an HTTP reverse proxy to the operator's model endpoint
 //     that carries model API calls only, puts the real model key in the
 //     provider's auth header where the agent wrote its placeholder, and
@@ -30,9 +31,11 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/httptool"
+	"github.com/cohort-dev/cohort/internal/relayctx"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
@@ -43,6 +46,39 @@ const (
 	KindInternet byte = 'i'
 	KindTraces   byte = 't'
 )
+
+// DefaultMaxConnsPerIntern is how many relay connections (all kinds
+// together) one intern may hold open at once; the next is closed at once,
+// never queued. Each costs the gateway one descriptor, two while it has an
+// upstream (a model request in flight, a CONNECT tunnel, a gateway
+// request's answer): an agent's parallel tool calls, a package manager and
+// a browser use tens, so 256 leaves them room while 256 × 2 × the awake
+// interns stays far under the gateway's RLIMIT_NOFILE (serve logs the
+// figure). Without a cap one intern's ~30,000 idle keep-alives used up the
+// gateway's descriptors and another organization's chat got 502.
+const DefaultMaxConnsPerIntern = 256
+
+// FDsPerConn is how many gateway descriptors one relay connection can
+// hold: its own and its upstream's.
+const FDsPerConn = 2
+
+// Default idle periods of a relay connection.
+const (
+	// DefaultIdleTimeout closes an HTTP relay connection (model, internet
+	// proxy, traces, gateway API) with no request for this long; a request
+	// in flight, however quiet (a model thinking), is not idle.
+	DefaultIdleTimeout = 60 * time.Second
+	// DefaultTunnelIdleTimeout closes a spliced connection (a CONNECT
+	// tunnel, the gateway relay of a remote daemon) with no byte either
+	// way for this long. Longer than DefaultIdleTimeout: a tunnel's bytes
+	// are opaque, and a quiet one may be a request waiting for a slow
+	// answer.
+	DefaultTunnelIdleTimeout = 5 * time.Minute
+)
+
+// refusalLogEvery bounds the log lines about one intern's refused
+// connections: one per period, with the count since the last.
+const refusalLogEvery = 10 * time.Second
 
 // DefaultModelBaseURL is the model endpoint when none is configured (the
 // OpenAI SDK's default, as for the built-in agent).
@@ -77,10 +113,18 @@ type Config struct {
 	// collector's credentials, which stay outside the jail).
 	TracesURL     string
 	TracesHeaders http.Header
-	Log           *slog.Logger
+	// MaxConnsPerIntern caps one intern's open relay connections
+	// (DefaultMaxConnsPerIntern when 0).
+	MaxConnsPerIntern int
+	// IdleTimeout and TunnelIdleTimeout close idle relay connections
+	// (DefaultIdleTimeout and DefaultTunnelIdleTimeout when 0).
+	IdleTimeout, TunnelIdleTimeout time.Duration
+	Log                            *slog.Logger
 }
 
 // Relay serves relay connections. Serve may be called concurrently.
+// Every connection is counted against its intern's cap
+// (MaxConnsPerIntern), and closed when idle.
 type Relay struct {
 	cfg   Config
 	model *url.URL
@@ -95,9 +139,21 @@ type Relay struct {
 	// and the jails' own upstreams alike.
 	modelTransport *http.Transport
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
+	// gatewayH, when set (SetGateway), serves KindGateway connections in
+	// process instead of splicing them to GatewayAddr.
+	gatewayH atomic.Pointer[http.Handler]
+
+	mu      sync.Mutex
+	conns   map[net.Conn]string // open connections and their interns
+	interns map[string]*internConns
+	closed  bool
+}
+
+// internConns counts one intern's open relay connections.
+type internConns struct {
+	open    int
+	refused int       // since the last log line
+	logged  time.Time // of the last log line about refusals
 }
 
 // New validates cfg and returns a Relay.
@@ -112,7 +168,16 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{cfg: cfg, model: u, log: cfg.Log, conns: map[net.Conn]struct{}{}}
+	if cfg.MaxConnsPerIntern <= 0 {
+		cfg.MaxConnsPerIntern = DefaultMaxConnsPerIntern
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.TunnelIdleTimeout <= 0 {
+		cfg.TunnelIdleTimeout = DefaultTunnelIdleTimeout
+	}
+	r := &Relay{cfg: cfg, model: u, log: cfg.Log, conns: map[net.Conn]string{}, interns: map[string]*internConns{}}
 	r.dialer = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: safehttp.NewDialGuard(cfg.AllowLoopback).Control}
 	r.forward = &http.Transport{DialContext: r.dialInternet, Proxy: nil, TLSHandshakeTimeout: 10 * time.Second,
 		ResponseHeaderTimeout: time.Minute, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
@@ -132,27 +197,34 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// ServeModel relays one model connection of a jail that has its own model
-// endpoint (a third-party agent's provider) to baseURL instead of the
-// operator's, with key's value in place of the placeholder in the
+// ServeModel relays one model connection of intern's jail that has its
+// own model endpoint (a third-party agent's provider) to baseURL instead of
+// the operator's, with key's value in place of the placeholder in the
 // provider's auth header (model.go), redacted from the responses. key is asked
 // per request, so a rotated vault secret applies at once; "" substitutes
 // nothing, and an error refuses the request with 401 and a message that
-// names no value.
-func (r *Relay) ServeModel(c net.Conn, baseURL string, key func(context.Context) (string, error)) {
+// names no value. The connection counts against the intern's cap.
+func (r *Relay) ServeModel(intern string, c net.Conn, baseURL string, key func(context.Context) (string, error)) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		r.log.Warn("model relay: bad upstream", "base_url_valid", false)
 		c.Close()
 		return
 	}
-	if !r.track(c) {
+	if !r.track(intern, c) {
 		c.Close()
 		return
 	}
 	defer r.untrack(c)
-	serveOne(r.modelProxy(u, key), c)
+	r.serveOne(r.modelProxy(u, key), c, intern)
 }
+
+// SetGateway makes the gateway relay serve h, the gateway's API, on each
+// connection in process, the intern in each request's context
+// (relayctx.Intern): whatever keys on the client (the token-exchange
+// limiter) then sees the intern, not 127.0.0.1. Without it the relay
+// splices to GatewayAddr (a remote gateway, for `cohort intern --jail`).
+func (r *Relay) SetGateway(h http.Handler) { r.gatewayH.Store(&h) }
 
 // dialLocalhost dials names under .localhost on loopback, as RFC 6761
 // reserves them, whatever the DNS says: an operator's model endpoint on
@@ -193,7 +265,10 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		ModifyResponse: func(res *http.Response) error {
 			m, _ := res.Request.Context().Value(modelReqCtx{}).(modelReq)
 			if m.red == nil {
-				return nil
+				// No key to redact, yet an answer it cannot read as one
+				// coding is not passed on either.
+				_, err := contentCoding(res.Header)
+				return err
 			}
 			return redactResponse(res, m.red)
 		},
@@ -290,47 +365,113 @@ func (r *Relay) InJailModelURL(addr string) string {
 	return "http://" + addr + strings.TrimRight(r.model.EscapedPath(), "/")
 }
 
-// Serve handles one connection of the given kind and closes it; it
-// returns when the connection is done.
-func (r *Relay) Serve(kind byte, c net.Conn) {
-	if !r.track(c) {
+// Serve handles one connection of the given kind from intern's jail and
+// closes it; it returns when the connection is done. A connection past
+// the intern's cap is closed at once.
+func (r *Relay) Serve(intern string, kind byte, c net.Conn) {
+	if !r.track(intern, c) {
 		c.Close()
 		return
 	}
 	defer r.untrack(c)
 	switch kind {
 	case KindGateway:
-		r.gateway(c)
+		r.gateway(intern, c)
 	case KindModel:
-		serveOne(r.modelH, c)
+		r.serveOne(r.modelH, c, intern)
 	case KindInternet:
-		serveOne(r.internetH, c)
+		r.serveOne(r.internetH, c, intern)
 	case KindTraces:
 		if r.tracesH == nil {
 			c.Close()
 			return
 		}
-		serveOne(r.tracesH, c)
+		r.serveOne(r.tracesH, c, intern)
 	default:
 		c.Close()
 	}
 }
 
-func (r *Relay) track(c net.Conn) bool {
+// Hold counts one request of intern's against the same cap as its relay
+// connections, for intern Pods' model relay, whose connections are the
+// gateway listener's (idle ones bounded by its timeouts) and are known as
+// the intern's only once a request names it: release when the request is
+// done; false past the cap (refuse it at once).
+func (r *Relay) Hold(intern string) (release func(), ok bool) {
+	c := new(heldConn)
+	if !r.track(intern, c) {
+		return nil, false
+	}
+	return func() { r.untrack(c) }, true
+}
+
+// heldConn stands for one held request in the relay's bookkeeping; Close
+// (the relay's) does nothing to it.
+type heldConn struct{ net.Conn }
+
+func (*heldConn) Close() error { return nil }
+
+// track counts c against intern's cap; false: closed relay, or the intern
+// is at its cap (logged, at most once per refusalLogEvery per intern).
+func (r *Relay) track(intern string, c net.Conn) bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed {
+		r.mu.Unlock()
 		return false
 	}
-	r.conns[c] = struct{}{}
+	n := r.interns[intern]
+	if n == nil {
+		n = &internConns{}
+		r.interns[intern] = n
+	}
+	if n.open >= r.cfg.MaxConnsPerIntern {
+		n.refused++
+		refused, now := n.refused, time.Now()
+		logIt := now.Sub(n.logged) >= refusalLogEvery
+		if logIt {
+			n.logged, n.refused = now, 0
+		}
+		r.mu.Unlock()
+		if logIt {
+			r.log.Warn("relay: connections refused, the intern is at its cap", "intern", intern, "cap", r.cfg.MaxConnsPerIntern, "refused", refused)
+		}
+		return false
+	}
+	n.open++
+	r.conns[c] = intern
+	r.mu.Unlock()
 	return true
 }
 
 func (r *Relay) untrack(c net.Conn) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	intern, ok := r.conns[c]
+	if !ok {
+		return
+	}
 	delete(r.conns, c)
-	r.mu.Unlock()
+	if n := r.interns[intern]; n != nil {
+		// An intern at its cap keeps its entry (and its log rate) while
+		// it holds anything.
+		if n.open--; n.open == 0 {
+			delete(r.interns, intern)
+		}
+	}
 }
+
+// Open is how many relay connections intern holds now.
+func (r *Relay) Open(intern string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.interns[intern]; n != nil {
+		return n.open
+	}
+	return 0
+}
+
+// MaxConnsPerIntern is the cap on one intern's open relay connections.
+func (r *Relay) MaxConnsPerIntern() int { return r.cfg.MaxConnsPerIntern }
 
 // Close closes every open relay connection; later ones are refused.
 func (r *Relay) Close() error {
@@ -344,10 +485,24 @@ func (r *Relay) Close() error {
 	return nil
 }
 
-// serveOne serves HTTP/1.1 on one connection until it closes.
-func serveOne(h http.Handler, c net.Conn) {
+// serveOne serves HTTP/1.1 on one connection of intern's until it closes
+// or has no request for the idle period; each request's context names the
+// intern (relayctx). It returns when the connection is done, a hijacked
+// one (a CONNECT tunnel) included, so the intern's count holds it until
+// then.
+func (r *Relay) serveOne(h http.Handler, c net.Conn, intern string) {
 	ln := &oneConn{c: c, done: make(chan struct{})}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, MaxHeaderBytes: 64 << 10,
+	var handlers sync.WaitGroup
+	counted := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		handlers.Add(1)
+		defer handlers.Done()
+		h.ServeHTTP(w, req)
+	})
+	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 30 * time.Second, MaxHeaderBytes: 64 << 10,
+		IdleTimeout: r.cfg.IdleTimeout,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return relayctx.WithIntern(ctx, intern)
+		},
 		ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
@@ -355,6 +510,7 @@ func serveOne(h http.Handler, c net.Conn) {
 			}
 		}}
 	srv.Serve(ln)
+	handlers.Wait()
 }
 
 // oneConn is a listener that yields one connection, then blocks until it
@@ -379,8 +535,13 @@ func (l *oneConn) close()         { l.once.Do(func() { close(l.done) }) }
 func (l *oneConn) Close() error   { l.close(); return nil }
 func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
 
-// gateway splices c to the gateway's API listener.
-func (r *Relay) gateway(c net.Conn) {
+// gateway serves the gateway's API on c: in process when SetGateway gave
+// the handler, else spliced to the gateway's API listener.
+func (r *Relay) gateway(intern string, c net.Conn) {
+	if h := r.gatewayH.Load(); h != nil {
+		r.serveOne(*h, c, intern)
+		return
+	}
 	defer c.Close()
 	if r.cfg.GatewayAddr == "" {
 		return
@@ -391,14 +552,28 @@ func (r *Relay) gateway(c net.Conn) {
 		return
 	}
 	defer up.Close()
-	splice(c, up)
+	splice(c, up, r.cfg.TunnelIdleTimeout)
 }
 
-// splice copies both ways, passing on each side's end of writing.
-func splice(a, b net.Conn) {
+// splice copies both ways, passing on each side's end of writing, until
+// both ends are done or no byte has passed either way for idle: then it
+// closes both.
+func splice(a, b net.Conn, idle time.Duration) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var watch *time.Timer
+	watch = time.AfterFunc(idle, func() {
+		if quiet := time.Since(time.Unix(0, last.Load())); quiet < idle {
+			watch.Reset(idle - quiet)
+			return
+		}
+		a.Close()
+		b.Close()
+	})
+	defer watch.Stop()
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn) {
-		io.Copy(dst, src)
+		io.CopyBuffer(dst, activity{src, &last}, make([]byte, 32<<10))
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		} else {
@@ -410,6 +585,20 @@ func splice(a, b net.Conn) {
 	go cp(b, a)
 	<-done
 	<-done
+}
+
+// activity notes the time of each read that brought bytes.
+type activity struct {
+	r    io.Reader
+	last *atomic.Int64
+}
+
+func (a activity) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 // dialInternet dials a destination of the internet relay: a public
@@ -519,7 +708,7 @@ func (r *Relay) connect(w http.ResponseWriter, req *http.Request) {
 		b, _ := brw.Reader.Peek(n)
 		up.Write(b)
 	}
-	splice(c, up)
+	splice(c, up, r.cfg.TunnelIdleTimeout)
 	c.Close()
 	up.Close()
 }

@@ -38,7 +38,7 @@ func listen(t *testing.T, r *egress.Relay, kind byte) string {
 			if err != nil {
 				return
 			}
-			go r.Serve(kind, c)
+			go r.Serve("intern-a", kind, c)
 		}
 	}()
 	return ln.Addr().String()
@@ -361,7 +361,7 @@ func TestServeModelUsesTheJailsUpstreamAndKey(t *testing.T) {
 			if err != nil {
 				return
 			}
-			go r.ServeModel(c, upstream.URL, key)
+			go r.ServeModel("intern-a", c, upstream.URL, key)
 		}
 	}()
 	send := func() (int, string) {

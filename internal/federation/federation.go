@@ -40,7 +40,8 @@ type Settings struct {
 	// safehttp client (the default); tests give one that trusts their
 	// TLS issuer and may reach loopback.
 	HTTPClient *http.Client
-	// Limiter limits exchanges per source address (default: in memory,
+	// Limiter limits exchanges per source address, and per intern for
+	// requests relayed from a jail (default: in memory,
 	// DefaultExchangeRate).
 	Limiter ratelimit.Limiter
 	// FetchTimeout bounds one discovery or JWKS fetch.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/relayctx"
 	"github.com/cohort-dev/cohort/internal/rest"
 )
 
@@ -51,8 +52,19 @@ func writeOAuth(w http.ResponseWriter, r *http.Request, err error) {
 
 // sourceAddress is the caller's address, and the key it is rate limited
 // by: the IP for IPv4, its /64 for IPv6 (one host usually holds a whole
-// /64, so a per-address limit on IPv6 would limit nothing).
+// /64, so a per-address limit on IPv6 would limit nothing); for a request
+// that came through an intern's jail relay (every one from 127.0.0.1), the
+// intern, so one intern cannot use up the others' budget, nor a loopback
+// client's.
 func sourceAddress(r *http.Request) (addr, limitKey string) {
+	addr, limitKey = networkAddress(r)
+	if id, ok := relayctx.Intern(r.Context()); ok {
+		return addr, "intern:" + id
+	}
+	return addr, limitKey
+}
+
+func networkAddress(r *http.Request) (addr, limitKey string) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
@@ -116,7 +128,11 @@ func (h REST) Token(w http.ResponseWriter, r *http.Request) {
 		// unlimited, and the log says so.
 		h.S.log().ErrorContext(r.Context(), "federation: exchange rate limiter failed; allowing", "err", err)
 	} else if !ok {
-		e := apierr.New(http.StatusTooManyRequests, ReasonInvalidRequest, "too many token exchanges from this address; retry later")
+		from := "address"
+		if _, relayed := relayctx.Intern(r.Context()); relayed {
+			from = "intern"
+		}
+		e := apierr.New(http.StatusTooManyRequests, ReasonInvalidRequest, "too many token exchanges from this %s; retry later", from)
 		e.RetryAfter = max(1, int(math.Ceil(retry.Seconds())))
 		writeOAuth(w, r, e)
 		return

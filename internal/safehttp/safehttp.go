@@ -161,6 +161,7 @@ var refused = []netip.Prefix{
 	netip.MustParsePrefix("2002::/16"),          // 6to4: embeds an IPv4
 	netip.MustParsePrefix("fec0::/10"),          // deprecated site-local
 	netip.MustParsePrefix("::/128"),             // unspecified
+	netip.MustParsePrefix("::/96"),              // IPv4-compatible (deprecated): ::10.0.0.1 embeds an IPv4
 	netip.MustParsePrefix("::ffff:0:0:0/96"),    // IPv4-translated
 	netip.MustParsePrefix("2001:10::/28"),       // ORCHID
 	netip.MustParsePrefix("2001:20::/28"),       // ORCHIDv2

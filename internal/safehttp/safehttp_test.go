@@ -47,6 +47,13 @@ func TestCheckAddr(t *testing.T) {
 		{"ff02::1", false},
 		{"255.255.255.255", false},
 		{"64:ff9b::a00:1", false},
+		// IPv4-compatible IPv6 (::/96): every one, whatever IPv4 it
+		// embeds, private or public.
+		{"::10.0.0.1", false},
+		{"::127.0.0.1", false},
+		{"::a9fe:a9fe", false},
+		{"::192.168.1.1", false},
+		{"::8.8.8.8", false},
 		{"2002:a00:1::", false},
 		{"192.0.2.10", false},
 		{"198.18.0.1", false},

@@ -32,6 +32,10 @@ type ModelRelay interface {
 	Model(baseURL string, key func(context.Context) (string, error)) (http.Handler, error)
 	// ModelPath is the operator's endpoint's path.
 	ModelPath() string
+	// Hold counts one request of intern's against its cap on open relay
+	// connections (egress.DefaultMaxConnsPerIntern): release when done;
+	// false past the cap.
+	Hold(intern string) (release func(), ok bool)
 }
 
 // relayToken is an intern's model relay credential, from its daemon secret.
@@ -60,6 +64,16 @@ func (b *Backend) PodModelRelay(p *provision.Provisioner, r ModelRelay) http.Han
 			http.NotFound(w, req)
 			return
 		}
+		// Each request holds a listener connection and an upstream one:
+		// one intern's are capped as a jail's relay connections are, the
+		// excess refused at once, so its neighbours keep theirs.
+		release, ok := r.Hold(id)
+		if !ok {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many open model requests for this intern", http.StatusServiceUnavailable)
+			return
+		}
+		defer release()
 		run, err := b.Agents.For(in.Agent, true)
 		if err != nil {
 			http.NotFound(w, req)

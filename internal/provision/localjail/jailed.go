@@ -52,14 +52,17 @@ const binPath = "/run/cohort/bin/cohort"
 
 // Relay serves the gateway side of the jails' relays (*egress.Relay).
 type Relay interface {
-	// Serve handles one connection of the given kind and closes it.
-	Serve(kind byte, c net.Conn)
+	// Serve handles one connection of the given kind from intern's jail
+	// and closes it; past the intern's cap on open relay connections it
+	// closes it at once.
+	Serve(intern string, kind byte, c net.Conn)
 	// InJailModelURL is the model base URL agents use inside a jail, given
 	// the model relay's in-jail address.
 	InJailModelURL(addr string) string
-	// ServeModel handles one model connection of a jail with its own
-	// endpoint, key(ctx) standing in for the placeholder.
-	ServeModel(c net.Conn, baseURL string, key func(context.Context) (string, error))
+	// ServeModel handles one model connection of intern's jail with its
+	// own endpoint, key(ctx) standing in for the placeholder; the same cap
+	// holds.
+	ServeModel(intern string, c net.Conn, baseURL string, key func(context.Context) (string, error))
 }
 
 // JailConfig makes the local provisioner run every daemon in its own
@@ -340,18 +343,24 @@ func (o DaemonJail) Attach(output io.Writer) (*jail.Jail, error) {
 	return j, nil
 }
 
-// serveRelays serves the jail's relay connections while it is attached.
+// serveRelays serves the jail's relay connections while it is attached,
+// each counted against the intern's cap by the relay.
 func (o DaemonJail) serveRelays(j *jail.Jail) {
+	serveRelays(o.InternID, o.Relay, o.Upstream, o.UpstreamKey, j.Accept)
+}
+
+// serveRelays serves each connection accept yields until it fails.
+func serveRelays(intern string, r Relay, upstream string, key func(context.Context) (string, error), accept func() (byte, net.Conn, error)) {
 	for {
-		kind, c, err := j.Accept()
+		kind, c, err := accept()
 		if err != nil {
 			return
 		}
-		if kind == KindModel && o.Upstream != "" {
-			go o.Relay.ServeModel(c, o.Upstream, o.UpstreamKey)
+		if kind == KindModel && upstream != "" {
+			go r.ServeModel(intern, c, upstream, key)
 			continue
 		}
-		go o.Relay.Serve(kind, c)
+		go r.Serve(intern, kind, c)
 	}
 }
 
