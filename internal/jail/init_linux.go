@@ -207,6 +207,12 @@ func runInit() {
 func relay(ln *net.TCPListener, kind byte, ctl *control) {
 	for {
 		c, err := ln.AcceptTCP()
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			// Out of descriptors for now (the program holds them): the
+			// relay waits for some, it does not stop for good.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			return
 		}
