@@ -18,100 +18,81 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// auditWriter writes exchange audit rows in batches from one goroutine. An
-// exchange only queues its row: a database write per exchange would cost
-// more than the exchange's cryptography (docs/benchmarks.md). Rows are
-// written within auditFlushEvery, on Close, and before every read of the
-// audit; when the queue is full the exchange writes its row itself, so a
-// burst slows exchanges down rather than losing rows.
+// auditWriter writes exchange audit rows by group commit: an exchange
+// queues its row and waits until the transaction that holds it has
+// committed, so no token leaves before its audit row is durable (a crash
+// used to lose up to 200 ms of issued tokens' rows). One goroutine
+// writes; the rows that arrive while it writes share the next
+// transaction, so under load one commit serves many exchanges and the
+// cost per row stays that of a batched INSERT (docs/benchmarks.md).
 //
 // The queue is a slice under a mutex, not a channel: a send on a channel
-// wakes the writer for every row, and that wake-up (a futex call and a
-// trip through the scheduler) cost more than the row's share of the
-// batched INSERT. The writer wakes on its ticker, when a batch is full, or
-// for a flush.
+// per row wakes the writer for every row; here it wakes once per batch.
 type auditWriter struct {
 	s *Service
 
 	once    sync.Once
 	mu      sync.Mutex
 	pending []*store.FederationExchange
-	full    chan struct{} // a batch is waiting (capacity 1)
-	flushes chan chan struct{}
+	batch   *auditCommit  // what the pending rows' writers wait on
+	wake    chan struct{} // rows are pending (capacity 1)
 
 	stmt      preparedStmt // one row
 	chunkStmt preparedStmt // auditChunk rows
 }
 
-const (
-	auditQueue      = 4096
-	auditBatch      = 256
-	auditFlushEvery = 200 * time.Millisecond
-)
+// auditCommit is one transaction of audit rows: done closes once it has
+// committed (err nil) or failed.
+type auditCommit struct {
+	done chan struct{}
+	err  error
+}
 
 func (a *auditWriter) start() {
 	a.once.Do(func() {
-		a.full = make(chan struct{}, 1)
-		a.flushes = make(chan chan struct{})
+		a.wake = make(chan struct{}, 1)
 		go a.loop()
 	})
 }
 
-func (a *auditWriter) record(ctx context.Context, rec *store.FederationExchange) {
+// record writes rec in the next transaction and returns once it has
+// committed; an error means the row may not be there.
+func (a *auditWriter) record(ctx context.Context, rec *store.FederationExchange) error {
 	a.start()
 	a.mu.Lock()
-	n := len(a.pending)
-	if n < auditQueue {
-		a.pending = append(a.pending, rec)
+	a.pending = append(a.pending, rec)
+	if a.batch == nil {
+		a.batch = &auditCommit{done: make(chan struct{})}
 	}
+	c := a.batch
 	a.mu.Unlock()
-	switch {
-	case n >= auditQueue:
-		a.write(ctx, []*store.FederationExchange{rec})
-	case n+1 == auditBatch:
-		select {
-		case a.full <- struct{}{}:
-		default:
-		}
+	select {
+	case a.wake <- struct{}{}:
+	default:
 	}
-}
-
-// take returns the queued rows and empties the queue; spare is the
-// writer's previous batch, reused as the next queue.
-func (a *auditWriter) take(spare []*store.FederationExchange) []*store.FederationExchange {
-	clear(spare)
-	a.mu.Lock()
-	rows := a.pending
-	a.pending = spare[:0]
-	a.mu.Unlock()
-	return rows
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (a *auditWriter) loop() {
-	t := time.NewTicker(auditFlushEvery)
-	defer t.Stop()
-	var spare []*store.FederationExchange
-	// drain writes what is queued now; rows queued meanwhile wait for the
-	// next wake-up (a flush asks only for the rows queued before it).
-	drain := func() {
-		batch := a.take(spare)
-		for rows := batch; len(rows) > 0; {
-			n := min(len(rows), auditBatch)
-			a.write(context.Background(), rows[:n])
-			rows = rows[n:]
+	for range a.wake {
+		a.mu.Lock()
+		rows, c := a.pending, a.batch
+		a.pending, a.batch = nil, nil
+		a.mu.Unlock()
+		if c == nil {
+			continue
 		}
-		spare = batch
-	}
-	for {
-		select {
-		case <-a.full:
-			drain()
-		case <-t.C:
-			drain()
-		case done := <-a.flushes:
-			drain()
-			close(done)
+		// The rows' exchanges may be gone; their rows are written anyway.
+		c.err = a.insert(context.Background(), rows)
+		if c.err != nil {
+			a.s.log().Error("federation: writing the exchange audit failed", "rows", len(rows), "err", c.err)
 		}
+		close(c.done)
 	}
 }
 
@@ -145,12 +126,6 @@ func auditInsert(pg bool, n int) string {
 		b.WriteByte(')')
 	}
 	return b.String()
-}
-
-func (a *auditWriter) write(ctx context.Context, rows []*store.FederationExchange) {
-	if err := a.insert(ctx, rows); err != nil {
-		a.s.log().ErrorContext(ctx, "federation: writing the exchange audit failed", "rows", len(rows), "err", err)
-	}
 }
 
 func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchange) error {
@@ -195,17 +170,16 @@ func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchan
 	return tx.Commit()
 }
 
-// flush writes every queued row before it returns.
+// flush returns once every row queued before it has been written.
 func (a *auditWriter) flush(ctx context.Context) {
-	a.start()
-	done := make(chan struct{})
-	select {
-	case a.flushes <- done:
-	case <-ctx.Done():
+	a.mu.Lock()
+	c := a.batch
+	a.mu.Unlock()
+	if c == nil {
 		return
 	}
 	select {
-	case <-done:
+	case <-c.done:
 	case <-ctx.Done():
 	}
 }

@@ -539,7 +539,7 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 		if tr.failed == "" {
 			rec.FailedCheck, rec.Detail = "internal", "internal error"
 		}
-		s.recordExchange(ctx, rec)
+		s.recordExchange(ctx, rec) //nolint:errcheck // the refusal stands; a failed write is logged
 		switch {
 		case errors.Is(err, errRefused):
 			return nil, errInvalidGrant
@@ -557,11 +557,14 @@ func (s *Service) Exchange(ctx context.Context, req *TokenRequest, source string
 	at, err := s.signer.issue(ctx, grant)
 	if err != nil {
 		rec.Outcome, rec.FailedCheck, rec.Detail = "refused", "internal", "signing failed"
-		s.recordExchange(ctx, rec)
+		s.recordExchange(ctx, rec) //nolint:errcheck // the refusal stands; a failed write is logged
 		return nil, apierr.Internal(err)
 	}
 	rec.Outcome, rec.TokenID = "issued", jti
-	s.recordExchange(ctx, rec)
+	if err := s.recordExchange(ctx, rec); err != nil {
+		// No token without its audit row.
+		return nil, errAuditUnavailable.WithCause(err)
+	}
 	return &ExchangeResult{AccessToken: at, IssuedTokenType: TokenTypeAccessToken, TokenType: "Bearer",
 		ExpiresIn: v.lifetime, Scope: scopeInference}, nil
 }
@@ -598,10 +601,13 @@ func (s *Service) DryRun(ctx context.Context, p *auth.Principal, policyID, subje
 	return &cohortv1.DryRunResponse{WouldIssue: tr.failed == "", Steps: tr.steps, FailedCheck: tr.failed}, nil
 }
 
-// recordExchange audits an exchange and counts it (Service.OnExchange).
-func (s *Service) recordExchange(ctx context.Context, rec *store.FederationExchange) {
-	s.audit.record(ctx, rec)
+// recordExchange audits an exchange, durably before it returns, and counts
+// it (Service.OnExchange). A token whose row could not be written is not
+// handed out: its caller gets the error.
+func (s *Service) recordExchange(ctx context.Context, rec *store.FederationExchange) error {
+	err := s.audit.record(ctx, rec)
 	if s.OnExchange != nil {
 		s.OnExchange(rec.Outcome, rec.FailedCheck)
 	}
+	return err
 }

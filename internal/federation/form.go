@@ -52,6 +52,11 @@ var errInvalidGrant = apierr.New(http.StatusBadRequest, ReasonInvalidGrant, "%s"
 var errTemporarilyUnavailable = apierr.New(http.StatusServiceUnavailable, ReasonTemporarilyUnavailable,
 	"the identity provider's keys could not be fetched; retry shortly").Retry(apierr.RetryUnavailable)
 
+// errAuditUnavailable: the exchange passed but its audit row could not be
+// written, so no token is handed out.
+var errAuditUnavailable = apierr.New(http.StatusServiceUnavailable, ReasonTemporarilyUnavailable,
+	"the exchange could not be recorded; retry shortly").Retry(apierr.RetryUnavailable)
+
 // TokenRequest is a decoded exchange form.
 type TokenRequest struct {
 	GrantType          string
