@@ -227,8 +227,14 @@ func (w *Worker) Run(ctx context.Context) {
 }
 
 // fill claims due deliveries into the free slots and starts them, again
-// while a claim may have left some behind. It reports whether deliveries
-// may be waiting for a slot.
+// while a claim was full. It reports whether deliveries may be waiting
+// for a slot (every slot was taken, or a workspace was at its bound): then
+// Run claims again as soon as one frees.
+//
+// A claim that took a workspace to its bound may have left another
+// workspace's due deliveries behind that workspace's (among the
+// candidates, below): the next claim skips it and takes them, at the
+// latest at the next poll.
 func (w *Worker) fill(ctx context.Context) bool {
 	for ctx.Err() == nil {
 		n, limit, capped, err := w.claimStart(ctx, func(err error) {
@@ -240,31 +246,11 @@ func (w *Worker) fill(ctx context.Context) bool {
 			}
 			return false
 		}
-		switch {
-		case limit == 0:
-			return true // every slot is taken: claim when one frees
-		case n == limit:
-			// The claim was full: more may be due.
-		case n > 0 && capped:
-			// A workspace reached its bound in this claim: its other due
-			// deliveries may have hidden another workspace's from it.
-		default:
-			return w.blocked()
-		}
-	}
-	return false
-}
-
-// blocked says whether a workspace is at its bound or every slot taken.
-func (w *Worker) blocked() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.total >= w.Concurrency {
-		return true
-	}
-	for _, n := range w.inflight {
-		if n >= w.PerWorkspace {
+		if limit == 0 {
 			return true
+		}
+		if n < limit {
+			return capped
 		}
 	}
 	return false
@@ -327,8 +313,8 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 
 // claimStart claims due deliveries into the free slots and starts an
 // attempt for each: it returns how many it claimed, how many it asked
-// for (0 when no slot is free), and whether a workspace is now at its
-// bound. failed is called with the error of an attempt that could not be
+// for (0 when no slot is free), and whether a workspace was at its bound
+// once the claim was made (the claim skipped it, or it reached it). failed is called with the error of an attempt that could not be
 // recorded; wg, if given, is done when the attempts are.
 func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync.WaitGroup) (n, limit int, capped bool, err error) {
 	w.claiming.Lock()
@@ -344,8 +330,17 @@ func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync
 		return 0, 0, true, nil
 	}
 	rows, err := w.claim(ctx, w.now(), limit, held)
-	if err != nil || len(rows) == 0 {
+	if err != nil {
 		return 0, limit, false, err
+	}
+	for _, r := range rows {
+		held[r.WorkspaceID]++
+	}
+	for _, k := range held {
+		capped = capped || k >= w.PerWorkspace
+	}
+	if len(rows) == 0 {
+		return 0, limit, capped, nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	eps, err := w.endpoints(ctx, rows)
@@ -358,9 +353,6 @@ func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync
 	for _, r := range rows {
 		w.inflight[r.WorkspaceID]++
 		w.total++
-		if w.inflight[r.WorkspaceID] >= w.PerWorkspace {
-			capped = true
-		}
 	}
 	w.mu.Unlock()
 	for _, g := range wg {
@@ -423,10 +415,10 @@ func (w *Worker) claim(ctx context.Context, now time.Time, limit int, held map[s
 		lock = " FOR UPDATE OF d SKIP LOCKED"
 	}
 	// The candidates: the first due deliveries, in due order, of the
-	// workspaces under their bound; a few times the claim, so a workspace
-	// with many due rarely hides the others (and a later claim, once it
-	// is at its bound, skips it).
-	scan := 4 * limit
+	// workspaces under their bound; twice the claim, so a workspace with
+	// many due rarely hides the others (and a later claim, once it is at
+	// its bound, skips it).
+	scan := 2 * limit
 	args := []any{w.id, now.Add(w.Lease), now}
 	args = append(args, heldArgs...)
 	args = append(args, store.WebhookPending, now, now, true)
