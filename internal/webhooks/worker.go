@@ -198,7 +198,7 @@ func (w *Worker) Run(ctx context.Context) {
 	tick := time.NewTicker(w.Poll)
 	defer tick.Stop()
 	var pruned time.Time
-	fill, waiting := true, false
+	fill, fresh, waiting := true, true, false
 	for {
 		if time.Since(pruned) > pruneEvery {
 			pruned = time.Now()
@@ -207,21 +207,21 @@ func (w *Worker) Run(ctx context.Context) {
 			}
 		}
 		if fill {
-			waiting = w.fill(ctx)
+			waiting = w.fill(ctx, fresh)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			fill = true
+			fill, fresh = true, true
 		case <-w.wake:
-			fill = true
+			fill, fresh = true, true
 		case <-w.freed:
 			// A slot freed: claim again only when something may be
 			// waiting for it (every slot was taken, or a workspace was
 			// at its bound, when the last claim ended); otherwise the
 			// poll and Wake are enough.
-			fill = waiting
+			fill, fresh = waiting, false
 		}
 	}
 }
@@ -232,12 +232,14 @@ func (w *Worker) Run(ctx context.Context) {
 // Run claims again as soon as one frees.
 //
 // A claim that took a workspace to its bound may have left another
-// workspace's due deliveries behind that workspace's (among the
-// candidates, below): the next claim skips it and takes them, at the
-// latest at the next poll.
-func (w *Worker) fill(ctx context.Context) bool {
+// workspace's due deliveries behind that workspace's among its
+// candidates. After a Wake or a poll (fresh events, perhaps another
+// workspace's) fill claims once more at once, skipping it. After a freed
+// slot it does not (that claim would read past the due backlog of the
+// workspace at its bound at every refill): the next Wake or poll does.
+func (w *Worker) fill(ctx context.Context, fresh bool) bool {
 	for ctx.Err() == nil {
-		n, limit, capped, err := w.claimStart(ctx, func(err error) {
+		c, err := w.claimStart(ctx, func(err error) {
 			w.Log.Warn("webhooks: outbox", "error", err)
 		})
 		if err != nil {
@@ -246,11 +248,14 @@ func (w *Worker) fill(ctx context.Context) bool {
 			}
 			return false
 		}
-		if limit == 0 {
+		switch {
+		case c.limit == 0:
 			return true
-		}
-		if n < limit {
-			return capped
+		case c.n == c.limit:
+		case c.reached && fresh:
+			fresh = false
+		default:
+			return c.capped
 		}
 	}
 	return false
@@ -297,7 +302,7 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
-	n, _, _, err := w.claimStart(ctx, func(err error) {
+	c, err := w.claimStart(ctx, func(err error) {
 		mu.Lock()
 		if first == nil {
 			first = err
@@ -306,48 +311,58 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	}, &wg)
 	wg.Wait()
 	if err != nil {
-		return n, err
+		return c.n, err
 	}
-	return n, first
+	return c.n, first
+}
+
+// claimResult is what claimStart did: it claimed n of the limit it asked
+// for (0 when no slot was free); capped says a workspace was at its bound
+// once the claim was made (the claim skipped it, or it reached it),
+// reached that one reached it in this claim.
+type claimResult struct {
+	n, limit        int
+	capped, reached bool
 }
 
 // claimStart claims due deliveries into the free slots and starts an
-// attempt for each: it returns how many it claimed, how many it asked
-// for (0 when no slot is free), and whether a workspace was at its bound
-// once the claim was made (the claim skipped it, or it reached it). failed is called with the error of an attempt that could not be
-// recorded; wg, if given, is done when the attempts are.
-func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync.WaitGroup) (n, limit int, capped bool, err error) {
+// attempt for each. failed is called with the error of an attempt that
+// could not be recorded; wg, if given, is done when the attempts are.
+func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync.WaitGroup) (c claimResult, err error) {
 	w.claiming.Lock()
 	defer w.claiming.Unlock()
 	w.mu.Lock()
-	limit = min(w.Concurrency-w.total, w.Batch)
+	c.limit = min(w.Concurrency-w.total, w.Batch)
 	held := make(map[string]int, len(w.inflight))
 	for ws, k := range w.inflight {
 		held[ws] = k
 	}
 	w.mu.Unlock()
-	if limit <= 0 {
-		return 0, 0, true, nil
+	if c.limit <= 0 {
+		return claimResult{capped: true}, nil
 	}
-	rows, err := w.claim(ctx, w.now(), limit, held)
+	rows, err := w.claim(ctx, w.now(), c.limit, held)
 	if err != nil {
-		return 0, limit, false, err
+		return c, err
 	}
 	for _, r := range rows {
-		held[r.WorkspaceID]++
+		if held[r.WorkspaceID]++; held[r.WorkspaceID] >= w.PerWorkspace {
+			c.reached = true
+		}
 	}
 	for _, k := range held {
-		capped = capped || k >= w.PerWorkspace
+		c.capped = c.capped || k >= w.PerWorkspace
 	}
-	if len(rows) == 0 {
-		return 0, limit, capped, nil
+	c.n = len(rows)
+	if c.n == 0 {
+		return c, nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	eps, err := w.endpoints(ctx, rows)
 	if err != nil {
 		// Claimed but not attempted: the leases run out and the
 		// deliveries are attempted again then.
-		return len(rows), limit, false, err
+		return c, err
 	}
 	w.mu.Lock()
 	for _, r := range rows {
@@ -373,7 +388,7 @@ func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync
 			}
 		}()
 	}
-	return len(rows), limit, capped, nil
+	return c, nil
 }
 
 // release frees the slot of an attempt that has been recorded.
