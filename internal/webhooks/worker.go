@@ -29,6 +29,14 @@ const (
 	// DefaultAttemptTimeout bounds one attempt (Standard Webhooks
 	// receivers are told to answer fast and work later).
 	DefaultAttemptTimeout = 15 * time.Second
+	// DefaultConcurrency is how many attempts one worker makes at once.
+	DefaultConcurrency = 64
+	// DefaultPerWorkspace is how many of them may be one workspace's: a
+	// workspace whose receivers are slow holds at most these slots, and
+	// every other workspace's deliveries go out in the rest.
+	DefaultPerWorkspace = 8
+	// DefaultBatch is the most deliveries one claim takes.
+	DefaultBatch = 16
 	// DefaultLease is how long a claimed delivery is a worker's before
 	// another may take it: longer than an attempt, so a live worker
 	// always finishes first; a killed one's deliveries are retried once
@@ -63,6 +71,13 @@ var DefaultSchedule = []time.Duration{5 * time.Second, 30 * time.Second, 2 * tim
 // SQLite: one UPDATE under its single writer), sends each, and records the
 // answer or the next attempt. Every replica runs one; each delivery is
 // attempted by one worker at a time.
+//
+// It is fair per workspace: it makes at most Concurrency attempts at once,
+// at most PerWorkspace of them for one workspace, and claims again as soon
+// as a slot frees (no batch waits for its slowest member). A claim skips
+// the workspaces already at their bound and prefers the ones with the
+// fewest attempts in flight, so one workspace's slow receivers delay only
+// that workspace's deliveries.
 type Worker struct {
 	DB     *bun.DB
 	KEK    *envelope.KEK
@@ -70,12 +85,17 @@ type Worker struct {
 	Log    *slog.Logger
 	// Now is the clock (tests); nil is the wall clock.
 	Now func() time.Time
-	// Zero fields take the defaults above.
-	Lease       time.Duration
-	Poll        time.Duration
-	Schedule    []time.Duration
-	Batch       int
-	Concurrency int
+	// Zero fields take the defaults above. Batch is the most one claim
+	// takes; Concurrency the most attempts in flight; PerWorkspace the
+	// most of those for one workspace. AttemptTimeout bounds an attempt
+	// (besides the client's own timeout): keep it well inside Lease.
+	Lease          time.Duration
+	Poll           time.Duration
+	Schedule       []time.Duration
+	Batch          int
+	Concurrency    int
+	PerWorkspace   int
+	AttemptTimeout time.Duration
 	// Retention bounds the delivery log: succeeded and failed deliveries
 	// older than this are deleted (pending ones never are).
 	Retention time.Duration
@@ -90,6 +110,16 @@ type Worker struct {
 	id   string
 	wake chan struct{}
 	done chan struct{}
+	// freed is signalled when an attempt in flight has been recorded.
+	freed chan struct{}
+
+	// claiming serializes claims (Run's, and RunOnce's in tests).
+	claiming sync.Mutex
+	mu       sync.Mutex
+	// inflight counts the attempts in flight per workspace; total all.
+	inflight map[string]int
+	total    int
+	running  sync.WaitGroup
 }
 
 func (w *Worker) init() {
@@ -108,13 +138,23 @@ func (w *Worker) init() {
 		if w.Schedule == nil {
 			w.Schedule = DefaultSchedule
 		}
-		// A batch goes out in one wave, so its last attempt ends within
-		// one attempt timeout of the claim: well inside the lease.
+		w.freed = make(chan struct{}, 1)
+		w.inflight = map[string]int{}
+		// A claim never takes more than the free slots, so every claimed
+		// delivery is attempted at once and ends within one attempt
+		// timeout of its claim: well inside the lease.
 		if w.Batch <= 0 {
-			w.Batch = 16
+			w.Batch = DefaultBatch
 		}
 		if w.Concurrency <= 0 {
-			w.Concurrency = w.Batch
+			w.Concurrency = DefaultConcurrency
+		}
+		if w.PerWorkspace <= 0 {
+			w.PerWorkspace = DefaultPerWorkspace
+		}
+		w.PerWorkspace = min(w.PerWorkspace, w.Concurrency)
+		if w.AttemptTimeout <= 0 {
+			w.AttemptTimeout = DefaultAttemptTimeout
 		}
 		if w.Retention <= 0 {
 			w.Retention = DefaultRetention
@@ -124,6 +164,10 @@ func (w *Worker) init() {
 		}
 		if w.Log == nil {
 			w.Log = slog.New(slog.DiscardHandler)
+		}
+		if w.AttemptTimeout >= w.Lease {
+			w.Log.Warn("webhooks: the lease is not longer than an attempt; a delivery may be sent twice",
+				"lease", w.Lease, "attempt_timeout", w.AttemptTimeout)
 		}
 	})
 }
@@ -139,17 +183,22 @@ func (w *Worker) Wake() {
 	}
 }
 
-// Run drains the outbox until ctx ends. The batch in flight then is
-// finished (each attempt bounded by the client's timeout) and recorded, so
-// a graceful stop sends nothing twice; Done says when. A process killed
-// meanwhile leaves its leases to run out: another worker (or this one
-// after a restart) sends those deliveries again.
+// Run drains the outbox until ctx ends: it claims due deliveries whenever
+// slots are free (woken, at every poll, and as soon as an attempt ends
+// while deliveries may be waiting for a slot) and attempts each at once.
+// When ctx ends the attempts in flight are finished (each bounded by the
+// attempt timeout) and recorded, so a graceful stop sends nothing twice;
+// Done says when. A process killed meanwhile leaves its leases to run
+// out: another worker (or this one after a restart) sends those
+// deliveries again.
 func (w *Worker) Run(ctx context.Context) {
 	w.init()
 	defer close(w.done)
-	t := time.NewTimer(0)
-	defer t.Stop()
+	defer w.running.Wait()
+	tick := time.NewTicker(w.Poll)
+	defer tick.Stop()
 	var pruned time.Time
+	fill, fresh, waiting := true, true, false
 	for {
 		if time.Since(pruned) > pruneEvery {
 			pruned = time.Now()
@@ -157,28 +206,59 @@ func (w *Worker) Run(ctx context.Context) {
 				w.Log.Warn("webhooks: prune the delivery log", "error", err)
 			}
 		}
+		if fill {
+			waiting = w.fill(ctx, fresh)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-tick.C:
+			fill, fresh = true, true
 		case <-w.wake:
+			fill, fresh = true, true
+		case <-w.freed:
+			// A slot freed: claim again only when something may be
+			// waiting for it (every slot was taken, or a workspace was
+			// at its bound, when the last claim ended); otherwise the
+			// poll and Wake are enough.
+			fill, fresh = waiting, false
 		}
-		n, err := w.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			w.Log.Warn("webhooks: outbox", "error", err)
-		}
-		next := w.Poll
-		if n > 0 && err == nil {
-			next = 0 // a full batch may have left more due
-		}
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(next)
 	}
+}
+
+// fill claims due deliveries into the free slots and starts them, again
+// while a claim was full. It reports whether deliveries may be waiting
+// for a slot (every slot was taken, or a workspace was at its bound): then
+// Run claims again as soon as one frees.
+//
+// A claim that took a workspace to its bound may have left another
+// workspace's due deliveries behind that workspace's among its
+// candidates. After a Wake or a poll (fresh events, perhaps another
+// workspace's) fill claims once more at once, skipping it. After a freed
+// slot it does not (that claim would read past the due backlog of the
+// workspace at its bound at every refill): the next Wake or poll does.
+func (w *Worker) fill(ctx context.Context, fresh bool) bool {
+	for ctx.Err() == nil {
+		c, err := w.claimStart(ctx, func(err error) {
+			w.Log.Warn("webhooks: outbox", "error", err)
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				w.Log.Warn("webhooks: outbox", "error", err)
+			}
+			return false
+		}
+		switch {
+		case c.limit == 0:
+			return true
+		case c.n == c.limit:
+		case c.reached && fresh:
+			fresh = false
+		default:
+			return c.capped
+		}
+	}
+	return false
 }
 
 // Prune deletes finished deliveries older than the retention; it returns
@@ -195,11 +275,12 @@ func (w *Worker) Prune(ctx context.Context) (int64, error) {
 
 // claimed is a delivery this worker holds.
 type claimed struct {
-	ID         string    `bun:"id"`
-	EndpointID string    `bun:"endpoint_id"`
-	Payload    string    `bun:"payload"`
-	Attempts   int       `bun:"attempts"`
-	CreatedAt  time.Time `bun:"created_at"`
+	ID          string    `bun:"id"`
+	WorkspaceID string    `bun:"workspace_id"`
+	EndpointID  string    `bun:"endpoint_id"`
+	Payload     string    `bun:"payload"`
+	Attempts    int       `bun:"attempts"`
+	CreatedAt   time.Time `bun:"created_at"`
 }
 
 // Done is closed when Run has returned.
@@ -208,61 +289,168 @@ func (w *Worker) Done() <-chan struct{} {
 	return w.done
 }
 
-// RunOnce claims one batch of due deliveries, attempts them, and records
-// the outcomes; it returns how many it claimed. Once claimed, a batch is
-// finished even if ctx ends.
+// RunOnce claims one batch of due deliveries (as many as the free slots
+// and the per-workspace bound allow), attempts them, and records the
+// outcomes; it returns how many it claimed. Once claimed, a batch is
+// finished even if ctx ends. Run does not wait for batches; RunOnce is
+// for tests and benchmarks.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	w.init()
 	if ctx.Err() != nil {
 		return 0, ctx.Err()
 	}
-	now := w.now()
-	rows, err := w.claim(ctx, now)
-	if err != nil || len(rows) == 0 {
-		return 0, err
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	c, err := w.claimStart(ctx, func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}, &wg)
+	wg.Wait()
+	if err != nil {
+		return c.n, err
+	}
+	return c.n, first
+}
+
+// claimResult is what claimStart did: it claimed n of the limit it asked
+// for (0 when no slot was free); capped says a workspace was at its bound
+// once the claim was made (the claim skipped it, or it reached it),
+// reached that one reached it in this claim.
+type claimResult struct {
+	n, limit        int
+	capped, reached bool
+}
+
+// claimStart claims due deliveries into the free slots and starts an
+// attempt for each. failed is called with the error of an attempt that
+// could not be recorded; wg, if given, is done when the attempts are.
+func (w *Worker) claimStart(ctx context.Context, failed func(error), wg ...*sync.WaitGroup) (c claimResult, err error) {
+	w.claiming.Lock()
+	defer w.claiming.Unlock()
+	w.mu.Lock()
+	c.limit = min(w.Concurrency-w.total, w.Batch)
+	held := make(map[string]int, len(w.inflight))
+	for ws, k := range w.inflight {
+		held[ws] = k
+	}
+	w.mu.Unlock()
+	if c.limit <= 0 {
+		return claimResult{capped: true}, nil
+	}
+	rows, err := w.claim(ctx, w.now(), c.limit, held)
+	if err != nil {
+		return c, err
+	}
+	for _, r := range rows {
+		if held[r.WorkspaceID]++; held[r.WorkspaceID] >= w.PerWorkspace {
+			c.reached = true
+		}
+	}
+	for _, k := range held {
+		c.capped = c.capped || k >= w.PerWorkspace
+	}
+	c.n = len(rows)
+	if c.n == 0 {
+		return c, nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	eps, err := w.endpoints(ctx, rows)
 	if err != nil {
-		return len(rows), err
+		// Claimed but not attempted: the leases run out and the
+		// deliveries are attempted again then.
+		return c, err
 	}
-	sem := make(chan struct{}, w.Concurrency)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
+	w.mu.Lock()
 	for _, r := range rows {
-		sem <- struct{}{}
-		wg.Add(1)
+		w.inflight[r.WorkspaceID]++
+		w.total++
+	}
+	w.mu.Unlock()
+	for _, g := range wg {
+		g.Add(len(rows))
+	}
+	w.running.Add(len(rows))
+	for _, r := range rows {
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := w.deliver(ctx, r, eps[r.EndpointID]); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
+			defer func() {
+				w.release(r.WorkspaceID)
+				w.running.Done()
+				for _, g := range wg {
+					g.Done()
 				}
-				mu.Unlock()
+			}()
+			if err := w.deliver(ctx, r, eps[r.EndpointID]); err != nil {
+				failed(err)
 			}
 		}()
 	}
-	wg.Wait()
-	return len(rows), first
+	return c, nil
 }
 
-func (w *Worker) claim(ctx context.Context, now time.Time) ([]claimed, error) {
+// release frees the slot of an attempt that has been recorded.
+func (w *Worker) release(ws string) {
+	w.mu.Lock()
+	if w.inflight[ws]--; w.inflight[ws] <= 0 {
+		delete(w.inflight, ws)
+	}
+	w.total--
+	w.mu.Unlock()
+	select {
+	case w.freed <- struct{}{}:
+	default:
+	}
+}
+
+// claim takes up to limit due deliveries under a lease, at most
+// PerWorkspace-held[ws] of workspace ws: among the first due deliveries
+// of the workspaces under their bound, round-robin over the workspaces,
+// those with the fewest attempts in flight first, each workspace's in due
+// order.
+func (w *Worker) claim(ctx context.Context, now time.Time, limit int, held map[string]int) ([]claimed, error) {
+	// held as an expression over d.workspace_id.
+	heldSQL, heldArgs := "0", []any(nil)
+	if len(held) > 0 {
+		var b strings.Builder
+		b.WriteString("CASE d.workspace_id")
+		for ws, k := range held {
+			b.WriteString(" WHEN ? THEN ?")
+			heldArgs = append(heldArgs, ws, k)
+		}
+		b.WriteString(" ELSE 0 END")
+		heldSQL = b.String()
+	}
 	lock := ""
 	if w.DB.Dialect().Name() == dialect.PG {
 		// Replicas claiming at once skip each other's rows instead of
 		// waiting for them, and never take the same one.
-		lock = " FOR UPDATE SKIP LOCKED"
+		lock = " FOR UPDATE OF d SKIP LOCKED"
 	}
+	// The candidates: the first due deliveries, in due order, of the
+	// workspaces under their bound; twice the claim, so a workspace with
+	// many due rarely hides the others (and a later claim, once it is at
+	// its bound, skips it).
+	scan := 2 * limit
+	args := []any{w.id, now.Add(w.Lease), now}
+	args = append(args, heldArgs...)
+	args = append(args, store.WebhookPending, now, now, true)
+	args = append(args, heldArgs...)
+	args = append(args, w.PerWorkspace, scan, w.PerWorkspace, limit, store.WebhookPending, now)
 	var rows []claimed
 	err := w.DB.NewRaw(`UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ?, attempts = attempts + 1, last_attempt_at = ?
-		WHERE id IN (SELECT d.id FROM webhook_deliveries d
-			WHERE d.status = ? AND d.next_attempt_at <= ? AND (d.lease_until IS NULL OR d.lease_until <= ?)
-			AND d.endpoint_id IN (SELECT e.id FROM webhook_endpoints e WHERE e.enabled = ?)
-			ORDER BY d.next_attempt_at LIMIT ?`+lock+`)
-		RETURNING id, endpoint_id, payload, attempts, created_at`,
-		w.id, now.Add(w.Lease), now, store.WebhookPending, now, now, true, w.Batch).Scan(ctx, &rows)
+		WHERE id IN (SELECT r.id FROM (
+			SELECT c.id, c.next_attempt_at, c.held + ROW_NUMBER() OVER (PARTITION BY c.workspace_id ORDER BY c.next_attempt_at, c.id) AS slot
+			FROM (SELECT d.id, d.workspace_id, d.next_attempt_at, `+heldSQL+` AS held FROM webhook_deliveries d
+				WHERE d.status = ? AND d.next_attempt_at <= ? AND (d.lease_until IS NULL OR d.lease_until <= ?)
+				AND d.endpoint_id IN (SELECT e.id FROM webhook_endpoints e WHERE e.enabled = ?)
+				AND `+heldSQL+` < ?
+				ORDER BY d.next_attempt_at LIMIT ?`+lock+`) c) r
+			WHERE r.slot <= ? ORDER BY r.slot, r.next_attempt_at LIMIT ?)
+		AND status = ? AND (lease_until IS NULL OR lease_until <= ?)
+		RETURNING id, workspace_id, endpoint_id, payload, attempts, created_at`, args...).Scan(ctx, &rows)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -337,6 +525,8 @@ func (w *Worker) deliver(ctx context.Context, r claimed, t *target) error {
 }
 
 func (w *Worker) attempt(ctx context.Context, r claimed, t *target) outcome {
+	ctx, cancel := context.WithTimeout(ctx, w.AttemptTimeout)
+	defer cancel()
 	ts := w.now()
 	body := []byte(r.Payload)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url, bytes.NewReader(body))
