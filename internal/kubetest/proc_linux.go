@@ -1,8 +1,12 @@
 package kubetest
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"syscall"
 )
 
@@ -10,6 +14,27 @@ import (
 // and has the kernel kill it if the test binary dies without running its cleanups.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// start starts cmd and returns the OS thread it was forked from.
+func start(cmd *exec.Cmd) (tid int, err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return syscall.Gettid(), cmd.Start()
+}
+
+// threadAlive reports whether thread tid of this process still runs.
+func threadAlive(tid int) bool {
+	_, err := os.Stat(filepath.Join("/proc/self/task", strconv.Itoa(tid)))
+	return err == nil
+}
+
+// maxRSS is the process's peak resident memory.
+func maxRSS(ps *os.ProcessState) string {
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		return fmt.Sprintf("%d MiB", ru.Maxrss/1024)
+	}
+	return "?"
 }
 
 func killGroup(pid int) { syscall.Kill(-pid, syscall.SIGKILL) }
