@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 )
 
@@ -16,12 +17,37 @@ func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
-// start starts cmd and returns the OS thread it was forked from.
+// start starts cmd from the spawner's thread, and returns that thread.
+//
+// The kernel sends a child its Pdeathsig when the thread that forked it ends, not when the
+// process does; and the Go runtime ends a thread whenever a goroutine exits locked to it,
+// as jail.StartFiltered's do for every agent an in-process intern daemon starts. A child
+// forked from an ordinary goroutine's thread was SIGKILLed whenever that thread happened to
+// be the one taken and ended (#42: the API server of the conformance suite, mid-test).
+// The spawner's thread never ends, so Pdeathsig means what it should: the test binary died.
 func start(cmd *exec.Cmd) (tid int, err error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return syscall.Gettid(), cmd.Start()
+	spawnerOnce.Do(func() {
+		spawner = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked, and this goroutine never returns
+			for f := range spawner {
+				f()
+			}
+		}()
+	})
+	done := make(chan struct{})
+	spawner <- func() {
+		tid, err = syscall.Gettid(), cmd.Start()
+		close(done)
+	}
+	<-done
+	return tid, err
 }
+
+var (
+	spawnerOnce sync.Once
+	spawner     chan func()
+)
 
 // threadAlive reports whether thread tid of this process still runs.
 func threadAlive(tid int) bool {
