@@ -159,7 +159,7 @@ func (c *Cluster) boot(t testing.TB, etcdPath string) error {
 	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	dataDir := filepath.Join(c.dir, "etcd")
 	os.RemoveAll(dataDir)
-	etcd, err := startProcess("etcd", c.died, etcdPath, filepath.Join(c.dir, "etcd.log"),
+	etcd, err := startProcess("etcd", etcdPath, filepath.Join(c.dir, "etcd.log"),
 		"--name=default", "--data-dir="+dataDir,
 		"--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
@@ -195,11 +195,15 @@ func (c *Cluster) boot(t testing.TB, etcdPath string) error {
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
-	return c.startAPIServer(t)
+	if err := c.startAPIServer(t); err != nil {
+		return err
+	}
+	etcd.watch(c.died)
+	return nil
 }
 
 func (c *Cluster) startAPIServer(t testing.TB) error {
-	p, err := startProcess("kube-apiserver", c.died, c.apiPath, filepath.Join(c.dir, "kube-apiserver.log"), c.apiArgs...)
+	p, err := startProcess("kube-apiserver", c.apiPath, filepath.Join(c.dir, "kube-apiserver.log"), c.apiArgs...)
 	if err != nil {
 		return err
 	}
@@ -225,6 +229,7 @@ func (c *Cluster) startAPIServer(t testing.TB) error {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				p.watch(c.died)
 				return nil
 			}
 		}
@@ -391,11 +396,14 @@ type process struct {
 	err     error
 	killed  atomic.Bool // by kill: an exit that is no news
 	tidGone bool        // the forking thread had ended when the process was found dead
+
+	mu    sync.Mutex
+	ended bool
+	died  func(*process)
 }
 
-// startProcess starts path; died, unless nil, is called when the process exits other than
-// by kill (before kill returns, if kill is called meanwhile).
-func startProcess(name string, died func(*process), path, logPath string, args ...string) (*process, error) {
+// startProcess starts path, its output going to logPath.
+func startProcess(name, path, logPath string, args ...string) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -412,12 +420,28 @@ func startProcess(name string, died func(*process), path, logPath string, args .
 	go func() {
 		p.err = cmd.Wait()
 		p.tidGone = !threadAlive(p.tid)
-		if !p.killed.Load() && died != nil {
+		p.mu.Lock()
+		p.ended = true
+		died := p.died
+		p.mu.Unlock()
+		if died != nil && !p.killed.Load() {
 			died(p)
 		}
 		close(p.exited)
 	}()
 	return p, nil
+}
+
+// watch has died called when the process exits other than by kill (before kill returns, if
+// kill is called meanwhile); at once if it has exited already. Called once the process is up:
+// one that fails to start is its starter's error (a port taken: tried again).
+func (p *process) watch(died func(*process)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.died = died
+	if p.ended && !p.killed.Load() {
+		died(p)
+	}
 }
 
 // describe says how the process ended: pid, exit status or signal, how long it ran, its

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -27,10 +28,11 @@ func TestProcessOutlivesItsThread(t *testing.T) {
 			runtime.UnlockOSThread()
 			time.Sleep(time.Millisecond)
 		}
-		p, err := startProcess("sleep", func(p *process) { died <- p }, "/bin/sleep",
-			filepath.Join(t.TempDir(), "sleep.log"), "60")
+		p, err := startProcess("sleep", "/bin/sleep", filepath.Join(t.TempDir(), "sleep.log"), "60")
 		if err != nil {
 			t.Error(err)
+		} else {
+			p.watch(func(p *process) { died <- p })
 		}
 		started <- p
 	}()
@@ -43,5 +45,39 @@ func TestProcessOutlivesItsThread(t *testing.T) {
 	case p := <-died:
 		t.Fatalf("the child died with the thread that started it: %s", p.describe())
 	case <-time.After(time.Second):
+	}
+}
+
+// A process that exits on its own is reported with its exit status and log; one killed by
+// the harness is not.
+func TestProcessDeathReported(t *testing.T) {
+	dir := t.TempDir()
+	died := make(chan *process, 2)
+	p, err := startProcess("quitter", "/bin/sh", filepath.Join(dir, "quitter.log"), "-c", "echo going away; exit 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.watch(func(p *process) { died <- p })
+	select {
+	case p := <-died:
+		if s := p.describe(); !strings.Contains(s, "exit status 3") {
+			t.Errorf("describe: %s", s)
+		}
+		if s := tail(p.logPath, 30); s != "going away" {
+			t.Errorf("log tail: %q", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exit was not reported")
+	}
+	q, err := startProcess("sleeper", "/bin/sleep", filepath.Join(dir, "sleeper.log"), "60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.watch(func(p *process) { died <- p })
+	q.kill()
+	select {
+	case p := <-died:
+		t.Errorf("a kill by the harness was reported: %s", p.describe())
+	default:
 	}
 }
