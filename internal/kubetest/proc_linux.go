@@ -5,10 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
-	"sync"
 	"syscall"
+
+	"github.com/cohort-dev/cohort/internal/spawn"
 )
 
 // sysProcAttr puts a child in its own process group (so killGroup reaches what it spawned)
@@ -17,37 +17,12 @@ func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
-// start starts cmd from the spawner's thread, and returns that thread.
-//
-// The kernel sends a child its Pdeathsig when the thread that forked it ends, not when the
-// process does; and the Go runtime ends a thread whenever a goroutine exits locked to it,
-// as jail.StartFiltered's do for every agent an in-process intern daemon starts. A child
-// forked from an ordinary goroutine's thread was SIGKILLed whenever that thread happened to
-// be the one taken and ended (#42: the API server of the conformance suite, mid-test).
-// The spawner's thread never ends, so Pdeathsig means what it should: the test binary died.
+// start starts cmd from spawn's thread, which never ends (Pdeathsig fires when the thread
+// that forked a child ends: #42), and returns that thread.
 func start(cmd *exec.Cmd) (tid int, err error) {
-	spawnerOnce.Do(func() {
-		spawner = make(chan func())
-		go func() {
-			runtime.LockOSThread() // never unlocked, and this goroutine never returns
-			for f := range spawner {
-				f()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	spawner <- func() {
-		tid, err = syscall.Gettid(), cmd.Start()
-		close(done)
-	}
-	<-done
-	return tid, err
+	err = spawn.Start(cmd)
+	return spawn.Thread(), err
 }
-
-var (
-	spawnerOnce sync.Once
-	spawner     chan func()
-)
 
 // threadAlive reports whether thread tid of this process still runs.
 func threadAlive(tid int) bool {
