@@ -25,6 +25,30 @@ type Browser struct {
 
 	mu     sync.Mutex
 	errors []string
+	output tailBuffer
+}
+
+// tailBuffer keeps the last 16 KiB written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *tailBuffer) Write(p []byte) (int, error) {
+	const keep = 16 << 10
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if len(w.buf) > keep {
+		w.buf = append(w.buf[:0], w.buf[len(w.buf)-keep:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
 }
 
 // Path is the Chromium binary; COHORT_CHROMIUM overrides it.
@@ -48,6 +72,7 @@ func New(t *testing.T, width, height int) *Browser {
 		}
 		t.Skipf("!!! SKIPPING browser test: no Chromium at %s (apt-get install chromium)", Path())
 	}
+	b := &Browser{}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(Path()),
 		chromedp.NoSandbox,
@@ -59,12 +84,22 @@ func New(t *testing.T, width, height int) *Browser {
 		chromedp.NoFirstRun,
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(width, height),
+		// Chromium's own output, for a failed test: a browser that died mid-test shows why
+		// (chromedp's errors already carry its exit status: "browser process exited: …").
+		chromedp.CombinedOutput(&b.output),
 	)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
 	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
-	b := &Browser{Ctx: ctx}
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc()
+		if t.Failed() {
+			t.Logf("Chromium output (tail):\n%s", b.output.String())
+		}
+	})
+	b.Ctx = ctx
 	// Start the browser and its tab, then listen before anything loads.
 	// Headless Chromium keeps windows at least 500 px wide, so the size is
 	// emulated: a 390 px phone really gets a 390 px viewport.

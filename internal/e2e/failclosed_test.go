@@ -102,7 +102,7 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &proc{name: "unsafe gateway", cmd: cmd, stderr: stderr, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(p.done) }()
+	go p.wait()
 	t.Cleanup(func() { p.Stop(t) })
 	lines := make(chan string, 1)
 	go func() {
@@ -124,7 +124,7 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 	select {
 	case p.URL = <-lines:
 	case <-p.done:
-		t.Fatalf("exited:\n%s", stderr)
+		t.Fatalf("exited: %s\n%s", p.exit, stderr)
 	case <-time.After(wait):
 		t.Fatalf("did not listen:\n%s", stderr)
 	}

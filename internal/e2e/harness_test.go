@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -65,6 +66,28 @@ type proc struct {
 	URL    string
 	stderr *testutil.SyncBuffer
 	done   chan struct{}
+
+	stopping atomic.Bool // Stop or Kill has been called: an exit then is no news
+	exit     string      // how it ended; set before done closes
+	reported atomic.Bool // its stderr has been logged for a failed test
+}
+
+// wait waits for the process, records how it ended, and closes done.
+func (p *proc) wait() {
+	start := time.Now()
+	err := p.cmd.Wait()
+	how := "exited"
+	if ps := p.cmd.ProcessState; ps != nil {
+		how = ps.String()
+	} else if err != nil {
+		how = err.Error()
+	}
+	who := "on its own, before the test stopped it"
+	if p.stopping.Load() {
+		who = "stopped by the test"
+	}
+	p.exit = fmt.Sprintf("pid %d: %s after %s (%s)", p.cmd.Process.Pid, how, time.Since(start).Round(time.Millisecond), who)
+	close(p.done)
 }
 
 var addrRE = regexp.MustCompile(`listening on (http://\S+)`)
@@ -110,34 +133,35 @@ func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
 		}
 		io.Copy(io.Discard, out)
 	}()
-	go func() { cmd.Wait(); close(p.done) }()
+	go p.wait()
 	t.Cleanup(func() { p.Stop(t) })
 	select {
 	case p.URL = <-addr:
 	case <-p.done:
-		t.Fatalf("%s exited before listening:\n%s", name, p.stderr)
+		t.Fatalf("%s exited before listening: %s\n%s", name, p.exit, p.stderr)
 	case <-time.After(wait):
 		t.Fatalf("%s did not listen within %v:\n%s", name, wait, p.stderr)
 	}
 	return p
 }
 
-// Stop ends the process gracefully (SIGTERM), then by force.
+// Stop ends the process gracefully (SIGTERM), then by force. In a failed test it logs how
+// the process ended (by itself, or stopped here) and the tail of its stderr.
 func (p *proc) Stop(t testing.TB) {
 	select {
 	case <-p.done:
-		return
 	default:
+		p.stopping.Store(true)
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-	if t.Failed() {
-		t.Logf("%s stderr:\n%s", p.name, tail(p.stderr.String(), 4000))
+	if t.Failed() && !p.reported.Swap(true) {
+		t.Logf("%s %s; stderr:\n%s", p.name, p.exit, tail(p.stderr.String(), 4000))
 		// The whole log, for failures whose cause is further back than the tail.
 		if dir := os.Getenv("COHORT_E2E_LOGS"); dir != "" {
 			f := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+p.name+".log")
@@ -150,6 +174,7 @@ func (p *proc) Stop(t testing.TB) {
 
 // Kill ends the process at once (SIGKILL) and waits for it.
 func (p *proc) Kill() {
+	p.stopping.Store(true)
 	p.cmd.Process.Kill()
 	<-p.done
 }

@@ -102,7 +102,22 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ended := make(chan string, 1)
+	go func() { cmd.Wait(); ended <- cmd.ProcessState.String() }()
+	t.Cleanup(func() {
+		var status, how string
+		select {
+		case status = <-ended:
+			how = "on its own, before the test stopped it"
+		default:
+			cmd.Process.Kill()
+			status, how = <-ended, "stopped by the test"
+		}
+		// How Prometheus ended (while the test ran, or at its end) and its log, for a failure.
+		if t.Failed() {
+			t.Logf("prometheus (pid %d): %s (%s); stderr:\n%s", cmd.Process.Pid, status, how, tail(perr.String(), 4000))
+		}
+	})
 
 	query := func(q string) float64 {
 		res, err := http.Get("http://" + promAddr + "/api/v1/query?query=" + url.QueryEscape(q))

@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,6 +60,7 @@ type Cluster struct {
 	mu        sync.Mutex
 	apiserver *process
 	etcd      *process
+	died      func(p *process) // reports a process that exits on its own: t.Errorf while the test runs
 }
 
 // Start returns a running etcd + kube-apiserver for t, stopped by t.Cleanup. Without the
@@ -67,6 +69,11 @@ func Start(t testing.TB) *Cluster {
 	t.Helper()
 	apiPath, etcdPath := binaries(t)
 	c := &Cluster{dir: t.TempDir(), apiPath: apiPath}
+	// etcd and the API server live as long as the test: one that exits on its own fails the
+	// test with its exit status and the tail of its log, so that a flake names its cause.
+	c.died = func(p *process) {
+		t.Errorf("kubetest: %s died during the test: %s\n%s", p.name, p.describe(), tail(p.logPath, 30))
+	}
 	var err error
 	if c.ca, err = newAuthority(); err != nil {
 		t.Fatal(err)
@@ -152,7 +159,7 @@ func (c *Cluster) boot(t testing.TB, etcdPath string) error {
 	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	dataDir := filepath.Join(c.dir, "etcd")
 	os.RemoveAll(dataDir)
-	etcd, err := startProcess(etcdPath, filepath.Join(c.dir, "etcd.log"),
+	etcd, err := startProcess("etcd", etcdPath, filepath.Join(c.dir, "etcd.log"),
 		"--name=default", "--data-dir="+dataDir,
 		"--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
@@ -188,11 +195,15 @@ func (c *Cluster) boot(t testing.TB, etcdPath string) error {
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
-	return c.startAPIServer(t)
+	if err := c.startAPIServer(t); err != nil {
+		return err
+	}
+	etcd.watch(c.died)
+	return nil
 }
 
 func (c *Cluster) startAPIServer(t testing.TB) error {
-	p, err := startProcess(c.apiPath, filepath.Join(c.dir, "kube-apiserver.log"), c.apiArgs...)
+	p, err := startProcess("kube-apiserver", c.apiPath, filepath.Join(c.dir, "kube-apiserver.log"), c.apiArgs...)
 	if err != nil {
 		return err
 	}
@@ -208,9 +219,9 @@ func (c *Cluster) startAPIServer(t testing.TB) error {
 	for {
 		select {
 		case <-etcd.exited:
-			return fmt.Errorf("etcd exited: %v\n%s", etcd.err, tail(etcd.logPath, 20))
+			return fmt.Errorf("etcd exited: %s\n%s", etcd.describe(), tail(etcd.logPath, 20))
 		case <-p.exited:
-			return fmt.Errorf("kube-apiserver exited: %v\n%s", p.err, tail(p.logPath, 30))
+			return fmt.Errorf("kube-apiserver exited: %s\n%s", p.describe(), tail(p.logPath, 30))
 		default:
 		}
 		// /readyz needs no credentials (system:public-info-viewer).
@@ -218,6 +229,7 @@ func (c *Cluster) startAPIServer(t testing.TB) error {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				p.watch(c.died)
 				return nil
 			}
 		}
@@ -375,13 +387,23 @@ func (c *Cluster) populate(ctx context.Context, ns string) error {
 
 // A process is etcd or kube-apiserver, its output going to a log file.
 type process struct {
+	name    string
 	cmd     *exec.Cmd
 	logPath string
+	started time.Time
+	tid     int // the OS thread that forked it: its Pdeathsig fires when that thread ends
 	exited  chan struct{}
 	err     error
+	killed  atomic.Bool // by kill: an exit that is no news
+	tidGone bool        // the forking thread had ended when the process was found dead
+
+	mu    sync.Mutex
+	ended bool
+	died  func(*process)
 }
 
-func startProcess(path, logPath string, args ...string) (*process, error) {
+// startProcess starts path, its output going to logPath.
+func startProcess(name, path, logPath string, args ...string) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -390,15 +412,54 @@ func startProcess(path, logPath string, args ...string) (*process, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	p := &process{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	if p.tid, err = start(cmd); err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.exited) }()
+	p.started = time.Now()
+	go func() {
+		p.err = cmd.Wait()
+		p.tidGone = !threadAlive(p.tid)
+		p.mu.Lock()
+		p.ended = true
+		died := p.died
+		p.mu.Unlock()
+		if died != nil && !p.killed.Load() {
+			died(p)
+		}
+		close(p.exited)
+	}()
 	return p, nil
 }
 
+// watch has died called when the process exits other than by kill (before kill returns, if
+// kill is called meanwhile); at once if it has exited already. Called once the process is up:
+// one that fails to start is its starter's error (a port taken: tried again).
+func (p *process) watch(died func(*process)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.died = died
+	if p.ended && !p.killed.Load() {
+		died(p)
+	}
+}
+
+// describe says how the process ended: pid, exit status or signal, how long it ran, its
+// peak memory, and whether the thread that forked it had ended (its Pdeathsig).
+func (p *process) describe() string {
+	ps := p.cmd.ProcessState
+	if ps == nil {
+		return fmt.Sprintf("pid %d: %v", p.cmd.Process.Pid, p.err)
+	}
+	s := fmt.Sprintf("pid %d: %s after %s, max RSS %s", ps.Pid(), ps, time.Since(p.started).Round(time.Millisecond), maxRSS(ps))
+	if p.tidGone {
+		s += fmt.Sprintf("; the thread that started it (tid %d) had ended, which sends its Pdeathsig (SIGKILL)", p.tid)
+	}
+	return s
+}
+
 func (p *process) kill() {
+	p.killed.Store(true)
 	killGroup(p.cmd.Process.Pid)
 	<-p.exited
 }

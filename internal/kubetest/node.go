@@ -590,7 +590,7 @@ func (n *Node) spawn(p *pod, c *containerPlan) (*proc, error) {
 	cmd.SysProcAttr = sysProcAttr()
 	// Children that keep the output open must not hold up Wait.
 	cmd.WaitDelay = time.Second
-	if err := cmd.Start(); err != nil {
+	if _, err := start(cmd); err != nil {
 		return nil, fmt.Errorf("container %s: %v", c.name, err)
 	}
 	pr := &proc{cmd: cmd, startedAt: metav1.Now(), exited: make(chan struct{})}

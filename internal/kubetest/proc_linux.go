@@ -1,15 +1,41 @@
 package kubetest
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
+
+	"github.com/cohort-dev/cohort/internal/spawn"
 )
 
 // sysProcAttr puts a child in its own process group (so killGroup reaches what it spawned)
 // and has the kernel kill it if the test binary dies without running its cleanups.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// start starts cmd from spawn's thread, which never ends (Pdeathsig fires when the thread
+// that forked a child ends: #42), and returns that thread.
+func start(cmd *exec.Cmd) (tid int, err error) {
+	err = spawn.Start(cmd)
+	return spawn.Thread(), err
+}
+
+// threadAlive reports whether thread tid of this process still runs.
+func threadAlive(tid int) bool {
+	_, err := os.Stat(filepath.Join("/proc/self/task", strconv.Itoa(tid)))
+	return err == nil
+}
+
+// maxRSS is the process's peak resident memory.
+func maxRSS(ps *os.ProcessState) string {
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		return fmt.Sprintf("%d MiB", ru.Maxrss/1024)
+	}
+	return "?"
 }
 
 func killGroup(pid int) { syscall.Kill(-pid, syscall.SIGKILL) }

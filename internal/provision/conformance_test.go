@@ -587,8 +587,9 @@ const suiteKubeNS = "cohort-interns"
 func newKubeHost(t *testing.T) host {
 	kc := kubetest.Start(t)
 	kc.Namespace(t, suiteKubeNS)
+	// Log: the Pods' output and how their processes ended, shown when the test fails.
 	node := &kubetest.Node{Client: kc.Client, Namespace: suiteKubeNS, Dir: t.TempDir(),
-		Binaries: map[string]string{"/cohort": cohortBinary(t)}}
+		Binaries: map[string]string{"/cohort": cohortBinary(t)}, Log: t.Logf}
 	node.Start(t)
 	return &kubeHost{kc: kc, node: node}
 }

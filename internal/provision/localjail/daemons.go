@@ -26,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/spawn"
 )
 
 // Name is this backend's, as rows record it.
@@ -439,7 +440,9 @@ func (b *Backend) startShared(ctx context.Context, spec provision.Spec, dir, sec
 		return nil, "", err
 	}
 	cmd.Stdout, cmd.Stderr = outW, logs
-	err = cmd.Start()
+	// From spawn's thread: the Pdeathsig would fire when the forking thread ends, which
+	// Go does to a thread now and then, SIGTERMing a daemon in the middle of its work (#42).
+	err = spawn.Start(cmd)
 	outW.Close()
 	if err != nil {
 		outR.Close()
