@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cohort-dev/cohort/internal/spawn"
 )
 
 // wire is what the caller sends the init on descriptor 3.
@@ -123,7 +125,9 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
 		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
 	}
-	if err := cmd.Start(); err != nil {
+	// From a thread that never ends: a Pdeathsig fires when the thread
+	// that forked the init ends, not the process (internal/spawn).
+	if err := spawn.Start(cmd); err != nil {
 		specW.Close()
 		if conn != nil {
 			conn.Close()

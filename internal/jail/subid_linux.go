@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cohort-dev/cohort/internal/spawn"
 )
 
 // A caller that is not root gets a user namespace for its jail from the
@@ -261,7 +263,7 @@ func idTool(op, path string, uid, gid int) error {
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, AmbientCaps: ambientCaps(),
 			Pdeathsig: syscall.SIGKILL},
 	}
-	if err := cmd.Start(); err != nil {
+	if err := spawn.Start(cmd); err != nil { // its Pdeathsig: internal/spawn
 		return fmt.Errorf("jail: %s %s: %w", op, path, err)
 	}
 	stdin.Close()
