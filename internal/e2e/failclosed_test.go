@@ -142,7 +142,9 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 	}
 
 	// The demo intern's command (run unsandboxed here, a child of the
-	// agent) names what of PATH and the canaries its agent ($PPID) holds.
+	// agent) cannot open its agent's ($PPID) /proc entries: it is in a
+	// Landlock domain of its own. The test reads the agent's environment
+	// itself: PATH, and none of the canaries.
 	var data string
 	for i, a := range cmd.Args {
 		if a == "--data-dir" {
@@ -156,9 +158,26 @@ func TestUnsafeSharedHostWarns(t *testing.T) {
 	var boot map[string]string
 	json.Unmarshal(b, &boot)
 	s := readAll(t, chat(t, p, boot["workspace_key"], boot["intern_id"], user(
-		`$ echo "agent:$(tr '\0' '\n' < /proc/$PPID/environ | grep -e ^PATH= -e ^AWS_ -e ^E2E_ | cut -d= -f1 | sort | tr '\n' ,)"`)))
-	if !strings.Contains(s.Text, `agent:PATH,\n`) {
-		t.Fatalf("the agent's environment: %q", s.Text)
+		`$ head -c1 /proc/$PPID/environ >/dev/null 2>&1 && echo reached-$((40+2)); echo probed`)))
+	if !strings.Contains(s.Text, "probed") || strings.Contains(s.Text, "reached-42") {
+		t.Fatalf("a command read its agent's environment: %q", s.Text)
+	}
+	agent := regexp.MustCompile(`"msg":"agent started".*?"pid":(\d+)`).FindStringSubmatch(stderr.String())
+	if agent == nil {
+		t.Fatalf("no agent pid in the log:\n%s", stderr)
+	}
+	agentEnv, err := os.ReadFile("/proc/" + agent[1] + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, kv := range strings.Split(string(agentEnv), "\x00") {
+		if n, _, _ := strings.Cut(kv, "="); n == "PATH" || strings.HasPrefix(n, "AWS_") || strings.HasPrefix(n, "E2E_") {
+			names = append(names, n)
+		}
+	}
+	if strings.Join(names, ",") != "PATH" {
+		t.Fatalf("the agent's environment holds %v, want PATH alone of these", names)
 	}
 	// The daemon is not dumpable: the test reads its environment itself.
 	m := regexp.MustCompile(`"msg":"intern daemon running".*?"pid":(\d+)`).FindStringSubmatch(stderr.String())
