@@ -27,21 +27,7 @@ const (
 // a jail's relay hands them over.
 func listen(t *testing.T, r *egress.Relay, kind byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go r.Serve("intern-a", kind, c)
-		}
-	}()
-	return ln.Addr().String()
+	return listenAs(t, r, "intern-a", kind)
 }
 
 func newRelay(t *testing.T, cfg egress.Config) *egress.Relay {
