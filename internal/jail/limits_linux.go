@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -150,7 +151,13 @@ func CheckLimits(l Limits) []string {
 		return out
 	}
 	if err := cgroupsUsable(l); err != nil {
-		out = append(out, fmt.Sprintf("memory, processes and CPU share: %v", err))
+		hint := ""
+		if errors.Is(err, fs.ErrPermission) && os.Geteuid() != 0 {
+			// The usual case: a gateway that is not root, whose own cgroup
+			// was not delegated to it.
+			hint = "; run the gateway as root, or as a systemd service with Delegate=yes (or under systemd-run --user --scope -p Delegate=yes) so that it may make cgroups under its own"
+		}
+		out = append(out, fmt.Sprintf("memory, processes and CPU share: %v%s", err, hint))
 	} else if h := hs["memory"]; l.Memory > 0 && h != nil {
 		if gap := socketMemoryGap(h, readFile("/proc/cmdline"), pathExists); gap != "" {
 			out = append(out, gap)

@@ -402,3 +402,29 @@ func TestControlJailOfAnUnprivilegedCaller(t *testing.T) {
 		t.Fatal("the jail did not end when the next caller killed it")
 	}
 }
+
+// A caller that is not root and may not make cgroups is told how to let
+// it (delegation), not only that mkdir was refused.
+func TestLimitsOfACallerWithoutCgroupsNameTheFix(t *testing.T) {
+	if os.Getenv("JAILTEST_AS") == "nocgroups" {
+		fmt.Println("LIMITS", strings.Join(jail.CheckLimits(jail.Limits{Memory: 64 << 20, Pids: 100}), " | "))
+		return
+	}
+	needNamespaces(t)
+	u := testutil.NewUser(t, "cjc", false)
+	dir := openDir(t)
+	bin := copySelf(t, dir)
+	cmd := exec.Command(bin, "-test.run=^TestLimitsOfACallerWithoutCgroupsNameTheFix$")
+	cmd.Env = []string{"JAILTEST_AS=nocgroups", "PATH=" + os.Getenv("PATH")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "LIMITS ") {
+		t.Fatalf("the probe did not run: %s", out)
+	}
+	if strings.Contains(string(out), "permission denied") && !strings.Contains(string(out), "Delegate=yes") {
+		t.Fatalf("a refused cgroup without its remedy: %s", out)
+	}
+	if !strings.Contains(string(out), "permission denied") {
+		t.Skipf("this host lets an unprivileged user make cgroups: %s", out)
+	}
+}
