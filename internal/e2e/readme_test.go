@@ -81,6 +81,13 @@ var readmeWant = map[string][]string{
 		`(?m)^[0-9a-f-]{36} \S+ cohort/demo running$`,
 		`(?m)^NotFound `,
 	},
+	"client.go": {
+		`(?m)^[0-9a-f-]{36} \S+ cohort/demo running$`,
+		`the intern asks: \{"kind":"permission","operation":"shell"`,
+		`hello from go\\n`,
+		`You said: hello in the background`,
+		`(?m)^run run_\S+ completed$`,
+	},
 }
 
 func readmeBlocks(t *testing.T) []readmeBlock {
@@ -120,10 +127,10 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 func TestReadmeExamples(t *testing.T) {
 	t.Parallel()
 	blocks := readmeBlocks(t)
-	var sh, ts []readmeBlock
+	var sh, ts, golang []readmeBlock
 	named := map[string]bool{}
 	for _, b := range blocks {
-		if b.lang != "sh" && b.lang != "ts" {
+		if b.lang != "sh" && b.lang != "ts" && b.lang != "go" {
 			continue
 		}
 		switch {
@@ -135,10 +142,13 @@ func TestReadmeExamples(t *testing.T) {
 			t.Errorf("README.md:%d: block %q has no expected output in readmeWant", b.line, b.name)
 		}
 		named[b.name] = true
-		if b.lang == "sh" {
+		switch b.lang {
+		case "sh":
 			sh = append(sh, b)
-		} else {
+		case "ts":
 			ts = append(ts, b)
+		default:
+			golang = append(golang, b)
 		}
 	}
 	for name := range readmeWant {
@@ -168,6 +178,24 @@ func TestReadmeExamples(t *testing.T) {
 			checkReadmeOutput(t, pass, b, out)
 		}
 	}
+
+	// Go: each block is a main package built in this module (the client
+	// package as a user's module would import it), run once.
+	t.Run("go", func(t *testing.T) {
+		goEnv := append(os.Environ(), "WK="+boot["workspace_key"], "IN="+boot["intern_id"])
+		for _, b := range golang {
+			dir, err := os.MkdirTemp("testdata", "readme-go-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			body := strings.ReplaceAll(b.body, "http://127.0.0.1:8080", gw.URL)
+			if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			checkReadmeOutput(t, 1, b, runReadmeBlock(t, 1, b, ".", goEnv, "go", "run", "./"+dir))
+		}
+	})
 
 	t.Run("typescript", func(t *testing.T) {
 		tsc, tsdir := prepareTypeScript(t)
