@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -41,8 +42,15 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 	metricsAddr := freePort(t)
 	dataDir := t.TempDir()
 	c := &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
-	gw := c.Gateway(t, "--provisioner", "local", "--metrics-listen", metricsAddr)
+	gw := c.Gateway(t, "--provisioner", "local", "--metrics-listen", metricsAddr, "--webhook-allow-hosts", "127.0.0.0/8")
 	c.load(t)
+	// Two receivers of run events: one that answers, and one that
+	// refuses connections (its failed attempt is counted and logged).
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(rc.Close)
+	for _, u := range []string{rc.URL + "/hook", "http://" + freePort(t) + "/refused"} {
+		post(t, gw.URL+"/api/v1/webhooks/endpoints", c.MK, fmt.Sprintf(`{"url":%q,"events":["run.completed"],"workspace_id":%q}`, u, c.WS))
+	}
 
 	// The API port serves no metrics.
 	if res, err := http.Get(gw.URL + "/metrics"); err == nil {
@@ -90,6 +98,21 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 	if res, err := http.PostForm(gw.URL+"/api/v1/oauth/token", form); err != nil || res.StatusCode != 400 {
 		t.Fatalf("exchange: %v %v", err, res)
 	}
+
+	// A background run, to its end.
+	bg := chat(t, gw, c.WK, c.Demo, user("hello in the background", `"background":true`))
+	var run map[string]any
+	json.NewDecoder(bg.Body).Decode(&run)
+	bg.Body.Close()
+	if bg.StatusCode != 202 {
+		t.Fatalf("background: %d %v", bg.StatusCode, run)
+	}
+	testutil.Eventually(t, wait, "the background run completes", func() bool {
+		return getRun(t, gw, c.WK, c.Demo, run["id"].(string))["status"] == "completed"
+	})
+	testutil.Eventually(t, wait, "a failed webhook attempt is logged", func() bool {
+		return strings.Contains(gw.stderr.String(), "webhook delivery attempt failed")
+	})
 
 	promAddr := freePort(t)
 	dir := t.TempDir()
@@ -148,6 +171,16 @@ func TestPrometheusScrapesTheGateway(t *testing.T) {
 		`sum(cohort_federation_exchanges_total{outcome="refused",failed_check="algorithm"})`:                     1,
 		`sum(cohort_interns{state="running"})`:                                                                   1,
 		`sum(go_goroutines{job="cohort"})`:                                                                       1,
+		`sum(cohort_background_runs_started_total)`:                                                              1,
+		`sum(cohort_background_runs_ended_total{status="completed"})`:                                            1,
+		`sum(cohort_background_run_duration_seconds_count)`:                                                      1,
+		`sum(cohort_background_run_events_total)`:                                                                2,
+		`sum(cohort_background_runs{status="running"}) + 1`:                                                      1,
+		`sum(cohort_webhook_attempts_total{outcome="succeeded"})`:                                                1,
+		`sum(cohort_webhook_attempts_total{outcome="retry"})`:                                                    1,
+		`sum(cohort_webhook_attempt_seconds_count)`:                                                              2,
+		`sum(cohort_webhook_deliveries_pending)`:                                                                 1,
+		`sum(cohort_webhook_oldest_pending_seconds) + 1`:                                                         1,
 	} {
 		deadline := time.Now().Add(wait)
 		for {

@@ -34,6 +34,8 @@ type Metrics struct {
 	wakes    *prometheus.CounterVec
 	kube     *prometheus.CounterVec
 	wakeTime prometheus.Histogram
+
+	bg backgroundMetrics
 }
 
 // New registers the collectors; db, when set, is read on each scrape for
@@ -64,6 +66,7 @@ func New(db *bun.DB) *Metrics {
 		Help: "How long a wake took.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
 	m.reg.MustRegister(m.requests, m.duration, m.firstEvent, m.open, m.refusals, m.runs, m.exchanges, m.vault, m.wakes, m.wakeTime, m.kube,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.bg = newBackgroundMetrics(m.reg, db)
 	if db != nil {
 		m.reg.MustRegister(internStates{db: db, desc: prometheus.NewDesc("cohort_interns",
 			"Interns by state (live ones: deleted interns are not counted).", []string{"state"}, nil)})

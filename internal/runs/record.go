@@ -44,8 +44,9 @@ func terminal(status string) bool {
 func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent, chunks []*cohortv1.ChatCompletionChunk, seg *segment) (*store.Run, error) {
 	var r store.Run
 	var notify string
+	var stored, dropped int
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		notify = ""
+		notify, stored, dropped = "", 0, 0
 		q := tx.NewSelect().Model(&r).Where("id = ?", id)
 		if m.DB.Dialect().Name() == dialect.PG {
 			q = q.For("UPDATE")
@@ -101,6 +102,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 			// a reader still learns how the run ended.
 			if !final && finish == "" && r.EventBytes+int64(len(data)) > m.Config.MaxEventBytes {
 				r.EventsTruncated = true
+				dropped++
 				continue
 			}
 			r.LastSeq++
@@ -135,6 +137,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 			}
 			notify = "run." + r.Status
 		}
+		stored = len(rows)
 		if len(rows) > 0 {
 			if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {
 				return err
@@ -158,6 +161,12 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 		select {
 		case m.paused <- struct{}{}:
 		default:
+		}
+	}
+	if m.Observer != nil {
+		m.Observer.RunEvents(stored, dropped)
+		if notify != "" && terminal(r.Status) {
+			m.Observer.RunEnded(r.Status, r.EndedAt.Sub(r.CreatedAt))
 		}
 	}
 	return &r, nil
@@ -373,6 +382,9 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 		m.bump(id)
 		if m.Notifier != nil {
 			m.Notifier.Notify()
+		}
+		if m.Observer != nil {
+			m.Observer.RunEnded(to, r.EndedAt.Sub(r.CreatedAt))
 		}
 	}
 	return changed && err == nil, err

@@ -40,6 +40,15 @@ import (
 // (a paused run's pending_interaction included). An error rolls the
 // change back; the recorder retries it. Notify follows the commit of a
 // transaction that called RunChanged (a worker may pick the change up now).
+// Observer counts what the runs of this replica do: a run started, a run
+// ended (with its status and its whole time), chunks stored and chunks
+// dropped past the event bytes cap.
+type Observer interface {
+	RunStarted()
+	RunEnded(status string, took time.Duration)
+	RunEvents(stored, dropped int)
+}
+
 type RunNotifier interface {
 	RunChanged(ctx context.Context, db bun.IDB, workspaceID, eventType string, run json.RawMessage) error
 	Notify()
@@ -110,6 +119,8 @@ type Manager struct {
 	Log     *slog.Logger
 	// Notifier, when set, is told of every status change.
 	Notifier RunNotifier
+	// Observer, when set, counts runs and their events (the metrics).
+	Observer Observer
 	Config   Config
 
 	owner string // this process's lease name
@@ -266,6 +277,9 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 			return nil, apierr.Conflict("run_ended", "the run was cancelled while the answer was on its way")
 		}
 		return nil, apierr.From(err)
+	}
+	if cont == nil && m.Observer != nil {
+		m.Observer.RunStarted()
 	}
 	m.follow(rctx, cancel, run.ID, in, st)
 	b, err := runJSON(run)

@@ -277,6 +277,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		// Every hook is set here, before anything (Start) can call it.
 		m := metrics.New(db)
 		s.Metrics, s.Chat.Observer, fed.OnExchange, s.Vault.Observe = m, m, m.Exchange, m.Vault
+		s.Runs.Observer, s.WebhookWorker.Observe = m, m.WebhookAttempt
 		if s.Provisioner != nil {
 			s.Provisioner.OnWake = m.Wake
 		}

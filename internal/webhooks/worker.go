@@ -105,6 +105,9 @@ type Worker struct {
 	// OnDelivered, when set, is called after each successful attempt
 	// (benchmarks measure latency from it).
 	OnDelivered func(id string, created, delivered time.Time)
+	// Observe, when set, counts each attempt by outcome (succeeded, retry,
+	// failed: the last attempt failed) with its duration (the metrics).
+	Observe func(outcome string, took time.Duration)
 
 	once sync.Once
 	id   string
@@ -120,7 +123,15 @@ type Worker struct {
 	inflight map[string]int
 	total    int
 	running  sync.WaitGroup
+
+	// A failed attempt is logged at most once per failLogEvery; the
+	// lines left out are counted into the next.
+	failMu     sync.Mutex
+	failLogged time.Time
+	failQuiet  int
 }
+
+const failLogEvery = 10 * time.Second
 
 func (w *Worker) init() {
 	w.once.Do(func() {
@@ -513,6 +524,7 @@ type outcome struct {
 
 func (w *Worker) deliver(ctx context.Context, r claimed, t *target) error {
 	var o outcome
+	began := time.Now()
 	switch {
 	case t == nil:
 		o.errText = "the endpoint was deleted"
@@ -521,7 +533,37 @@ func (w *Worker) deliver(ctx context.Context, r claimed, t *target) error {
 	default:
 		o = w.attempt(ctx, r, t)
 	}
-	return w.record(ctx, r, o)
+	took := time.Since(began)
+	result, err := w.record(ctx, r, o)
+	if err != nil {
+		return err
+	}
+	if w.Observe != nil {
+		w.Observe(result, took)
+	}
+	if result != "succeeded" {
+		w.logFailure(r, o, result)
+	}
+	return nil
+}
+
+// logFailure says that an attempt failed, at most once per failLogEvery:
+// a receiver that refuses connections otherwise shows only in the
+// delivery log API. The endpoint by id, the status or the error; never
+// the URL (it may hold credentials) or the payload.
+func (w *Worker) logFailure(r claimed, o outcome, result string) {
+	w.failMu.Lock()
+	now := time.Now()
+	if now.Sub(w.failLogged) < failLogEvery {
+		w.failQuiet++
+		w.failMu.Unlock()
+		return
+	}
+	quiet := w.failQuiet
+	w.failLogged, w.failQuiet = now, 0
+	w.failMu.Unlock()
+	w.Log.Warn("webhook delivery attempt failed", "endpoint", r.EndpointID, "delivery", r.ID, "attempt", r.Attempts,
+		"status_code", o.code, "error", o.errText, "outcome", result, "failures_not_logged_since_last", quiet)
 }
 
 func (w *Worker) attempt(ctx context.Context, r claimed, t *target) outcome {
@@ -607,8 +649,11 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return min(max(d, 0), MaxRetryAfter)
 }
 
-func (w *Worker) record(ctx context.Context, r claimed, o outcome) error {
+// record stores an attempt's outcome and returns it: succeeded, retry or
+// failed (the last attempt).
+func (w *Worker) record(ctx context.Context, r claimed, o outcome) (string, error) {
 	now := w.now()
+	result := "retry"
 	q := w.DB.NewUpdate().Model((*store.WebhookDelivery)(nil)).
 		Set("lease_owner = NULL, lease_until = NULL, last_status_code = ?, last_error = ?", o.code, o.errText).
 		// Only the claim this worker holds: a lease that ran out and was
@@ -617,8 +662,10 @@ func (w *Worker) record(ctx context.Context, r claimed, o outcome) error {
 	switch {
 	case o.errText == "" && o.code >= 200 && o.code < 300:
 		q = q.Set("status = ?, delivered_at = ?", store.WebhookSucceeded, now)
+		result = "succeeded"
 	case r.Attempts > len(w.Schedule):
 		q = q.Set("status = ?", store.WebhookFailed)
+		result = "failed"
 	default:
 		wait := w.Schedule[r.Attempts-1]
 		j := 0.75 + mrand.Float64()/2
@@ -630,10 +677,10 @@ func (w *Worker) record(ctx context.Context, r claimed, o outcome) error {
 		q = q.Set("next_attempt_at = ?", now.Add(wait))
 	}
 	if _, err := q.Exec(ctx); err != nil {
-		return fmt.Errorf("record delivery %s: %w", r.ID, err)
+		return "", fmt.Errorf("record delivery %s: %w", r.ID, err)
 	}
 	if o.errText == "" && w.OnDelivered != nil {
 		w.OnDelivered(r.ID, r.CreatedAt, now)
 	}
-	return nil
+	return result, nil
 }
