@@ -170,7 +170,9 @@ func TestReadmeExamples(t *testing.T) {
 		defer res.Body.Close()
 		return res.StatusCode == 200
 	})
-	env := readmeEnv(t)
+	// The examples take the address from $API (the first block sets it,
+	// a reader's terminal keeps it; each block here runs on its own).
+	env := append(readmeEnv(t), "API="+gw.URL+"/api/v1")
 
 	for pass := 1; pass <= 2; pass++ {
 		for _, b := range sh {
@@ -182,7 +184,7 @@ func TestReadmeExamples(t *testing.T) {
 	// Go: each block is a main package built in this module (the client
 	// package as a user's module would import it), run once.
 	t.Run("go", func(t *testing.T) {
-		goEnv := append(os.Environ(), "WK="+boot["workspace_key"], "IN="+boot["intern_id"])
+		goEnv := append(os.Environ(), "API="+gw.URL+"/api/v1", "WK="+boot["workspace_key"], "IN="+boot["intern_id"])
 		for _, b := range golang {
 			dir, err := os.MkdirTemp("testdata", "readme-go-")
 			if err != nil {
