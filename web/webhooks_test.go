@@ -52,8 +52,13 @@ func TestWebhooksPage(t *testing.T) {
 	if html := browsertest.Get(t, b, chromedp.Evaluate[string](`document.body.innerHTML`)); strings.Contains(html, "whsec_") {
 		t.Fatal("the secret is on the page after a reload")
 	}
+	// A laptop's short window: the log is below the endpoints and the form.
+	b.Do(t, chromedp.EmulateViewport(1280, 500))
 	click(t, b, `button[aria-label="Deliveries of http://127.0.0.1:9/hook"]`)
 	until(t, b, `[...document.querySelectorAll("table")].some(t => t.textContent.includes("run.completed") && t.textContent.includes("pending"))`)
+	// It opens in view, or the button seems to do nothing.
+	until(t, b, `(() => { const h = [...document.querySelectorAll("h2")].find(h => h.textContent.startsWith("Deliveries to"));
+		const r = h?.getBoundingClientRect(); return !!r && r.top >= 0 && r.bottom <= innerHeight; })()`)
 
 	click(t, b, `button[aria-label="Delete http://127.0.0.1:9/hook"]`)
 	click(t, b, `button[aria-label="Confirm delete: Delete http://127.0.0.1:9/hook"]`)

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -42,6 +43,10 @@ func TestWorkspaceKeySeesNoManagementForms(t *testing.T) {
 			t.Errorf("%s: refusals shown: %v", p.page, errs)
 		}
 	}
+	// Nor are those pages in its navigation.
+	if links := browsertest.Get(t, b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#nav a")].map(a => a.textContent)`)); len(links) == 0 || slices.Contains(links, "API keys") || slices.Contains(links, "Workload identity") {
+		t.Errorf("a workspace key's navigation: %v", links)
+	}
 	b.NoErrors(t)
 
 	m := browsertest.New(t, 1280, 800)
@@ -51,6 +56,9 @@ func TestWorkspaceKeySeesNoManagementForms(t *testing.T) {
 		if n := browsertest.Get(t, m, chromedp.Evaluate[int](`document.querySelectorAll(".needs-management").length`)); n != 0 {
 			t.Errorf("%s: a management key is told it needs one", p.page)
 		}
+	}
+	if links := browsertest.Get(t, m, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#nav a")].map(a => a.textContent)`)); !slices.Contains(links, "API keys") || !slices.Contains(links, "Workload identity") {
+		t.Errorf("a management key's navigation: %v", links)
 	}
 }
 

@@ -1,4 +1,4 @@
-import { apiKey, signIn, signOut, workspaces, errorText, keyKind } from "./api";
+import { apiKey, signIn, signOut, workspaces, errorText, keyKind, lacksManagement } from "./api";
 import { h, message, field, input, leave, onLeave } from "./dom";
 import { workspacesPage } from "./pages/workspaces";
 import { keysPage } from "./pages/keys";
@@ -13,6 +13,10 @@ const nav = document.getElementById("nav")!;
 
 // A page renders into root; arg is the rest of the route (an id).
 type Page = (root: HTMLElement, arg: string) => Promise<void> | void;
+
+// Pages only a management key can use: left out of a workspace or
+// personal key's navigation (their routes still explain why).
+const managementOnly = new Set(["keys", "federation"]);
 
 const pages: Record<string, [string, Page]> = {
   workspaces: ["Workspaces", workspacesPage],
@@ -32,7 +36,9 @@ function render(): void {
   nav.replaceChildren(
     ...(signedIn
       ? [
-          ...Object.entries(pages).map(([k, [label]]) => h("a", { href: `#/${k}`, "aria-current": k === name ? "page" : undefined }, label)),
+          ...Object.entries(pages)
+            .filter(([k]) => !(lacksManagement() && managementOnly.has(k)))
+            .map(([k, [label]]) => h("a", { href: `#/${k}`, "aria-current": k === name ? "page" : undefined }, label)),
           h("span", { class: "who" }, `${keyKind()} key`),
           h("button", { type: "button", class: "link", onclick: () => { signOut(); location.hash = "#/"; render(); } }, "Sign out"),
         ]

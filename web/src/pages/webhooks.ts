@@ -75,6 +75,9 @@ export async function webhooksPage(root: HTMLElement): Promise<void> {
       }
     };
     await render();
+    // The log is below the endpoints: bring it into view, or the button
+    // seems to do nothing.
+    log.scrollIntoView({ block: "start" });
   };
   const deliveryRow = (d: WebhookDelivery, logOut: HTMLElement, reload: () => Promise<void>) =>
     row(
