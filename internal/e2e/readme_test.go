@@ -31,7 +31,8 @@ import (
 // `go run ./cmd/cohort` and `go install ./cmd/cohort` (and ./cmd/cohort-intern)
 // to the binaries this package built from the same tree (everything else goes to the real go).
 // The TypeScript blocks are compiled with the console's TypeScript against
-// web/node_modules (openai-node pinned there) and run by node.
+// web/node_modules (openai-node pinned there) and client/typescript (built
+// here, as npm install of it would) and run by node.
 
 type readmeBlock struct {
 	line       int // of the opening fence
@@ -307,10 +308,35 @@ func prepareTypeScript(t *testing.T) (tsc, dir string) {
 		t.Skip(msg)
 	}
 	dir = t.TempDir()
-	if err := os.CopyFS(filepath.Join(dir, "gen"), os.DirFS(filepath.Join(web, "src", "gen"))); err != nil {
+	// web's packages (openai-node, TypeScript), and the repository's
+	// @cohort-dev/client, built, as `npm install ./client/typescript`
+	// would install it.
+	mods := filepath.Join(dir, "node_modules")
+	entries, err := os.ReadDir(filepath.Join(web, "node_modules"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(web, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+	if err := os.MkdirAll(mods, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.Symlink(filepath.Join(web, "node_modules", e.Name()), filepath.Join(mods, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pkg := filepath.Join(web, "..", "client", "typescript")
+	build := exec.Command("node", filepath.Join(pkg, "node_modules", "typescript", "bin", "tsc"), "-p", pkg)
+	if out, err := build.CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("build client/typescript (npm ci there first): %v\n%s", err, out)
+		if os.Getenv("CI") != "" || os.Getenv("COHORT_REQUIRE_BROWSER") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	if err := os.MkdirAll(filepath.Join(mods, "@cohort-dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(pkg, filepath.Join(mods, "@cohort-dev", "client")); err != nil {
 		t.Fatal(err)
 	}
 	files := map[string]string{
