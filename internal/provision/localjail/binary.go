@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/buildinfo"
@@ -50,9 +51,20 @@ func InternBinary(ctx context.Context, setting, self string, log *slog.Logger) s
 func sameBuild(ctx context.Context, bin string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "version")
-	cmd.Env = []string{}
-	out, err := cmd.Output()
+	var out []byte
+	var err error
+	for try := 0; ; try++ {
+		cmd := exec.CommandContext(ctx, bin, "version")
+		cmd.Env = []string{}
+		out, err = cmd.Output()
+		// ETXTBSY: the binary was just written, and a child forked
+		// meanwhile by another goroutine of this process (or the writer)
+		// still holds it open for writing until its exec; it passes.
+		if !errors.Is(err, syscall.ETXTBSY) || try == 20 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && len(ee.Stderr) > 0 {
