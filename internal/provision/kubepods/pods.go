@@ -457,6 +457,10 @@ func (b *Backend) waitPodGone(ctx context.Context, id string) error {
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				// Not a slow Pod: the API server did not answer (#42).
+				return fmt.Errorf("the intern's old pod did not go away in time; the last look at it failed: %w", err)
+			}
 			return errors.New("the intern's old pod did not go away in time")
 		case <-time.After(100 * time.Millisecond):
 		}
