@@ -46,8 +46,8 @@ func newBackgroundMetrics(reg *prometheus.Registry, db *bun.DB) backgroundMetric
 	reg.MustRegister(b.runsStarted, b.runsEnded, b.runDuration, b.runEvents, b.runTruncations, b.attempts, b.attemptLatency)
 	if db != nil {
 		reg.MustRegister(backgroundState{db: db,
-			runs: prometheus.NewDesc("cohort_background_runs", "Background runs that have not ended, by status (running, paused).", []string{"status"}, nil),
-			queue: prometheus.NewDesc("cohort_webhook_deliveries_pending", "Webhook deliveries waiting for an attempt or a retry.", nil, nil),
+			runs:   prometheus.NewDesc("cohort_background_runs", "Background runs that have not ended, by status (running, paused).", []string{"status"}, nil),
+			queue:  prometheus.NewDesc("cohort_webhook_deliveries_pending", "Webhook deliveries waiting for an attempt or a retry.", nil, nil),
 			oldest: prometheus.NewDesc("cohort_webhook_oldest_pending_seconds", "Age of the oldest pending webhook delivery (0 when none).", nil, nil),
 		})
 	}
@@ -83,7 +83,11 @@ type backgroundState struct {
 	runs, queue, oldest *prometheus.Desc
 }
 
-func (c backgroundState) Describe(ch chan<- *prometheus.Desc) { ch <- c.runs; ch <- c.queue; ch <- c.oldest }
+func (c backgroundState) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.runs
+	ch <- c.queue
+	ch <- c.oldest
+}
 
 func (c backgroundState) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
