@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"sort"
 	"strings"
 
@@ -50,8 +51,8 @@ type adminFlags struct {
 }
 
 // adminFlagHooks register the flags of command groups kept in their own
-// files (admin_federation.go).
-var adminFlagHooks []func(*flag.FlagSet, *adminEnv)
+// files (admin_federation.go, admin_webhooks.go).
+var adminFlagHooks = []func(*flag.FlagSet, *adminEnv){fedFlags, hookFlags}
 
 type adminCmd struct {
 	help string
@@ -122,7 +123,7 @@ func optional(s string) *string {
 	return &s
 }
 
-var adminCmds = map[string]adminCmd{
+var coreAdminCmds = map[string]adminCmd{
 	"org create": {"--name N [--interns-programme] [--workload-identity] [--vault-writes]", func(ctx context.Context, e *adminEnv) error {
 		o, err := e.acc.CreateOrganization(ctx, auth.Operator(""), &cohortv1.CreateOrganizationRequest{Name: e.f.name,
 			Entitlements: &cohortv1.Entitlements{InternsProgramme: e.f.internsProgramme, WorkloadIdentity: e.f.workloadIdentity, VaultWrites: e.f.vaultWrites}})
@@ -326,7 +327,17 @@ func protos[T proto.Message](in []T) []proto.Message {
 	return out
 }
 
+// adminCmds are every admin command by name: the core ones and the
+// groups kept in their own files.
+func adminCmds() map[string]adminCmd {
+	all := maps.Clone(coreAdminCmds)
+	maps.Copy(all, fedCmds())
+	maps.Copy(all, hookCmds())
+	return all
+}
+
 func adminUsage(w io.Writer) {
+	adminCmds := adminCmds()
 	fmt.Fprintln(w, "Usage: cohort admin [flags] <noun> <verb> [flags]\n\nCommands:")
 	names := make([]string, 0, len(adminCmds))
 	for n := range adminCmds {
@@ -403,7 +414,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("missing admin command")
 	}
 	name := words[0] + " " + words[1]
-	cmd, ok := adminCmds[name]
+	cmd, ok := adminCmds()[name]
 	if !ok {
 		return fmt.Errorf("unknown admin command %q (cohort admin help lists them)", name)
 	}

@@ -44,31 +44,35 @@ type fedFlagSet struct {
 	limit                                                             int
 }
 
-func init() {
+// fedFlags declares the flags of these commands on fs, into e.
+func fedFlags(fs *flag.FlagSet, e *adminEnv) {
 	// Each invocation gets its own flag values (tests run the CLI in parallel).
-	adminFlagHooks = append(adminFlagHooks, func(fs *flag.FlagSet, e *adminEnv) {
-		e.fed = &fedFlagSet{}
-		f := e.fed
-		fs.Var(&f.issuerURL, "issuer-url", "federation: issuer URL (https://, equal to the tokens' iss)")
-		fs.Var(&f.jwksURL, "jwks-url", "federation: JWKS URL (empty: discovery)")
-		fs.Var(&f.subject, "subject", "federation: the token sub a policy requires")
-		fs.Var(&f.audience, "audience", "federation: the aud a policy requires")
-		fs.Var(&f.condition, "condition", "federation: CEL condition over subject, audience, scopes, token_type")
-		fs.Var(&f.apiKey, "api-key", "federation: id of the workspace API key a policy acts as")
-		fs.Var(&f.enabled, "enabled", "federation: true or false (pause a policy)")
-		fs.StringVar(&f.issuer, "issuer", "", "federation: issuer id")
-		fs.StringVar(&f.value, "value", "", "federation: claim check value")
-		fs.StringVar(&f.scopes, "scopes", "", "federation: claim check: the scopes claim must contain this")
-		fs.StringVar(&f.tokenType, "token-type", "", "federation: claim check: the token_type claim must equal this")
-		fs.StringVar(&f.token, "token", "", "federation: subject token for a dry run")
-		fs.StringVar(&f.tokenFile, "token-file", "", "federation: file holding the subject token for a dry run")
-		fs.StringVar(&f.extraCAFile, "extra-ca-file", env("COHORT_EXTRA_CA_FILE", ""), "federation: extra PEM roots for fetching identity provider keys")
-		// As serve's: the CLI's fetches (dry-run) and save-time checks
-		// (issuer-create) must see the egress policy serve enforces.
-		fs.StringVar(&f.allowHosts, "federation-allow-hosts", env("COHORT_FEDERATION_ALLOW_HOSTS", ""), "federation: non-public identity provider hosts, addresses and ranges keys may be fetched from, as serve's setting (COHORT_FEDERATION_ALLOW_HOSTS)")
-		fs.IntVar(&f.limit, "limit", 50, "federation: how many audit rows")
-	})
-	for name, cmd := range map[string]adminCmd{
+
+	e.fed = &fedFlagSet{}
+	f := e.fed
+	fs.Var(&f.issuerURL, "issuer-url", "federation: issuer URL (https://, equal to the tokens' iss)")
+	fs.Var(&f.jwksURL, "jwks-url", "federation: JWKS URL (empty: discovery)")
+	fs.Var(&f.subject, "subject", "federation: the token sub a policy requires")
+	fs.Var(&f.audience, "audience", "federation: the aud a policy requires")
+	fs.Var(&f.condition, "condition", "federation: CEL condition over subject, audience, scopes, token_type")
+	fs.Var(&f.apiKey, "api-key", "federation: id of the workspace API key a policy acts as")
+	fs.Var(&f.enabled, "enabled", "federation: true or false (pause a policy)")
+	fs.StringVar(&f.issuer, "issuer", "", "federation: issuer id")
+	fs.StringVar(&f.value, "value", "", "federation: claim check value")
+	fs.StringVar(&f.scopes, "scopes", "", "federation: claim check: the scopes claim must contain this")
+	fs.StringVar(&f.tokenType, "token-type", "", "federation: claim check: the token_type claim must equal this")
+	fs.StringVar(&f.token, "token", "", "federation: subject token for a dry run")
+	fs.StringVar(&f.tokenFile, "token-file", "", "federation: file holding the subject token for a dry run")
+	fs.StringVar(&f.extraCAFile, "extra-ca-file", env("COHORT_EXTRA_CA_FILE", ""), "federation: extra PEM roots for fetching identity provider keys")
+	// As serve's: the CLI's fetches (dry-run) and save-time checks
+	// (issuer-create) must see the egress policy serve enforces.
+	fs.StringVar(&f.allowHosts, "federation-allow-hosts", env("COHORT_FEDERATION_ALLOW_HOSTS", ""), "federation: non-public identity provider hosts, addresses and ranges keys may be fetched from, as serve's setting (COHORT_FEDERATION_ALLOW_HOSTS)")
+	fs.IntVar(&f.limit, "limit", 50, "federation: how many audit rows")
+}
+
+// fedCmds are these admin commands by name.
+func fedCmds() map[string]adminCmd {
+	return map[string]adminCmd{
 		"federation issuer-create": {"--org ID --name N --issuer-url URL [--jwks-url URL] [--federation-allow-hosts H,…]", fedCmd(func(ctx context.Context, e *adminEnv, s *federation.Service, p *auth.Principal) error {
 			i, err := s.CreateIssuer(ctx, p, &cohortv1.CreateIssuerRequest{Name: e.f.name, IssuerUrl: e.fed.issuerURL.v, JwksUrl: e.fed.jwksURL.v})
 			if err != nil {
@@ -206,8 +210,6 @@ func init() {
 			}
 			return e.print(protos(res.GetExchanges())...)
 		})},
-	} {
-		adminCmds[name] = cmd
 	}
 }
 

@@ -19,17 +19,20 @@ type hookFlagSet struct {
 	pageSize                   int
 }
 
-func init() {
-	adminFlagHooks = append(adminFlagHooks, func(fs *flag.FlagSet, e *adminEnv) {
-		e.hook = &hookFlagSet{}
-		f := e.hook
-		fs.StringVar(&f.events, "events", "", "webhook: comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)")
-		fs.StringVar(&f.status, "status", "", "webhook: deliveries with this status only (pending, succeeded, failed)")
-		fs.IntVar(&f.pageSize, "page-size", 50, "webhook: how many deliveries")
-		// As serve's: the save-time check must see the policy serve enforces.
-		fs.StringVar(&f.allowHosts, "webhook-allow-hosts", env("COHORT_WEBHOOK_ALLOW_HOSTS", ""), "webhook: non-public receiver hosts, addresses and ranges, as serve's setting (COHORT_WEBHOOK_ALLOW_HOSTS)")
-	})
-	for name, cmd := range map[string]adminCmd{
+// hookFlags declares the flags of these commands on fs, into e.
+func hookFlags(fs *flag.FlagSet, e *adminEnv) {
+	e.hook = &hookFlagSet{}
+	f := e.hook
+	fs.StringVar(&f.events, "events", "", "webhook: comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)")
+	fs.StringVar(&f.status, "status", "", "webhook: deliveries with this status only (pending, succeeded, failed)")
+	fs.IntVar(&f.pageSize, "page-size", 50, "webhook: how many deliveries")
+	// As serve's: the save-time check must see the policy serve enforces.
+	fs.StringVar(&f.allowHosts, "webhook-allow-hosts", env("COHORT_WEBHOOK_ALLOW_HOSTS", ""), "webhook: non-public receiver hosts, addresses and ranges, as serve's setting (COHORT_WEBHOOK_ALLOW_HOSTS)")
+}
+
+// hookCmds are these admin commands by name.
+func hookCmds() map[string]adminCmd {
+	return map[string]adminCmd{
 		"webhook create": {"--org ID --workspace ID --url URL --events E,… [--description D] [--enabled false]   (prints the secret, once)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			req := &cohortv1.CreateWebhookEndpointRequest{WorkspaceId: e.f.workspace, Url: e.f.url, Events: splitList(e.hook.events), Description: e.f.description}
 			var err error
@@ -96,8 +99,6 @@ func init() {
 			}
 			return e.printOne(res.GetDelivery())
 		})},
-	} {
-		adminCmds[name] = cmd
 	}
 }
 
