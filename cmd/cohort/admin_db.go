@@ -107,7 +107,7 @@ func adminKEK(e *adminEnv) (*envelope.KEK, error) {
 	if e.cfg.KEKFile != "" {
 		return envelope.Load(e.cfg.KEKFile)
 	}
-	path := kekPath(e.cfg)
+	path := e.cfg.KEKPath()
 	if !e.init {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf(`no key-encryption key at %s (check --data-dir, or give --kek-file); "cohort serve" creates it on first start, or repeat this command with --init; nothing was created`, path)

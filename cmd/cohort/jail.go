@@ -6,11 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -20,133 +18,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
-	"github.com/cohort-dev/cohort/internal/safehttp"
-	"github.com/cohort-dev/cohort/internal/telemetry"
 )
-
-// modelKeyPlaceholder is the model key agents hold inside a jail; the
-// model relay puts the real one in its place on the way out.
-const modelKeyPlaceholder = provision.KeyPlaceholder
-
-// internJail is the jail of every local intern, after checking its
-// settings (server.New probes that this machine can make it: it fails
-// closed, naming what is missing). Its relays are open until the
-// returned function closes them.
-func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.JailConfig, *egress.Relay, func(), error) {
-	gwAddr := gw.String()
-	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
-		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-			gwAddr = net.JoinHostPort("127.0.0.1", port)
-		}
-	}
-	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
-	}
-	var toolCA []byte
-	if cfg.HTTPToolCAFile != "" {
-		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
-			return nil, nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
-		}
-	}
-	traces, tracesHeaders := "", http.Header(nil)
-	if telemetry.Enabled() {
-		traces, tracesHeaders = telemetry.TracesEndpoint()
-	}
-	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
-		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
-		Log: log.With("component", "egress")})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
-	}
-	jc := &localjail.JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
-		Orphan: cfg.JailOrphanTimeout, Limits: jailLimits(cfg.InternLimits),
-		Hide: localjail.HiddenPaths(append([]string{cfg.DataDir, kekPath(cfg), sqlitePath(cfg)}, binaryDir()...)...)}
-	if cfg.AgentAPIKey != "" {
-		jc.ModelKeyPlaceholder = modelKeyPlaceholder
-	}
-	if err := jc.Check(); err != nil {
-		relay.Close()
-		return nil, nil, nil, err
-	}
-	return jc, relay, func() { relay.Close() }, nil
-}
-
-// gatewayReserve is what of the gateway's descriptors is kept for
-// everything but the jails' relays: its listener's clients, the database,
-// the log, the provisioner's pipes and control sockets.
-const gatewayReserve = 4096
-
-// descriptorBudget says whether the jails' relays, each intern at its cap
-// (perIntern connections of egress.FDsPerConn descriptors), fit under
-// nofile beside gatewayReserve: with maxAwake interns (0: no cap) and how
-// many interns fit.
-func descriptorBudget(nofile uint64, maxAwake, perIntern int) (fit uint64, ok bool) {
-	each := uint64(perIntern * egress.FDsPerConn)
-	if nofile > gatewayReserve {
-		fit = (nofile - gatewayReserve) / each
-	}
-	return fit, maxAwake > 0 && uint64(maxAwake) <= fit
-}
-
-// checkDescriptors raises the gateway's descriptor limit (soft to hard)
-// and logs it beside what the jails' relays can take of it; a warning
-// when max-awake-interns at their cap would not fit, or when it is unset.
-func checkDescriptors(log *slog.Logger, maxAwake, perIntern int) {
-	nofile, err := egress.RaiseFileLimit()
-	if err != nil {
-		log.Warn("descriptors: RLIMIT_NOFILE could not be read or raised", "err", err)
-		return
-	}
-	fit, ok := descriptorBudget(nofile, maxAwake, perIntern)
-	attrs := []any{"nofile", nofile, "relay_conns_per_intern", perIntern, "fds_per_intern", perIntern * egress.FDsPerConn,
-		"max_awake_interns", maxAwake, "interns_at_cap_that_fit", fit, "reserve", gatewayReserve}
-	if ok {
-		log.Info("descriptors: every awake intern at its relay cap fits", attrs...)
-		return
-	}
-	log.Warn("descriptors: awake interns at their relay cap could exhaust the gateway's descriptors; set --max-awake-interns to at most interns_at_cap_that_fit, or raise the hard RLIMIT_NOFILE (systemd LimitNOFILE=)", attrs...)
-}
-
-// jailAgentEnv is what of the gateway's environment reaches a jailed
-// daemon and its agent: the built-in agent's settings, without the model
-// endpoint and key, which the relay stands in for.
-func jailAgentEnv(environ []string) []string {
-	var out []string
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "COHORT_AGENT_") && name != "COHORT_AGENT_BASE_URL" && name != "COHORT_AGENT_API_KEY" {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
-
-// sqlitePath is the embedded database's file, when it is not in the data
-// directory.
-func sqlitePath(cfg config.Config) string {
-	if p, ok := strings.CutPrefix(cfg.DatabaseURL, "sqlite:"); ok {
-		return p
-	}
-	return ""
-}
-
-// binaryDir is the directory of this binary, unless it is a system one
-// (/usr/local/bin…) whose other programs interns may need: the binary
-// itself is bound into each jail on its own.
-func binaryDir() []string {
-	self, err := os.Executable()
-	if err != nil {
-		return nil
-	}
-	dir := filepath.Dir(self)
-	for _, sys := range []string{"/usr/", "/bin", "/sbin", "/opt/"} {
-		if strings.HasPrefix(dir+"/", sys) {
-			return nil
-		}
-	}
-	return []string{dir}
-}
 
 // runJailedDaemon is `cohort intern --jail`: this process stays outside,
 // holds the listener, the secret and the relays, and runs the daemon (and
@@ -178,15 +50,15 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 	}
 	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")),
-		ModelAPIKey: key, Placeholder: modelKeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
+		ModelAPIKey: key, Placeholder: provision.KeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
 	if err != nil {
 		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	defer relay.Close()
-	jc := localjail.JailConfig{Relay: relay, AgentEnv: jailAgentEnv(os.Environ()), ReadOnly: o.ReadOnly,
-		Hide: localjail.HiddenPaths(append(o.Hide, binaryDir()...)...), Limits: jailLimits(o.Limits)}
+	jc := localjail.JailConfig{Relay: relay, AgentEnv: config.AgentEnv(os.Environ()), ReadOnly: o.ReadOnly,
+		Hide: localjail.HiddenPaths(append(o.Hide, localjail.BinaryDir()...)...), Limits: localjail.Limits(o.Limits)}
 	if key != "" {
-		jc.ModelKeyPlaceholder = modelKeyPlaceholder
+		jc.ModelKeyPlaceholder = provision.KeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		return err

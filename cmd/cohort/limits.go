@@ -6,14 +6,8 @@ import (
 	"strconv"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
-	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/jail"
 )
-
-// jailLimits is what the jail enforces of an operator's limits.
-func jailLimits(l config.InternLimits) jail.Limits {
-	return jail.Limits{Memory: l.Memory, Pids: l.Processes, CPUWeight: l.CPUWeight, CPUs: l.CPUs, Tmpfs: l.Tmpfs, FileSize: l.Disk}
-}
 
 // internLimitFlags declares an intern's own limits for `cohort admin intern
 // create|update`: each at most the operator's, "0" the operator's.

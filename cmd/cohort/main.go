@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -83,10 +82,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // The helpers cmd/cohort shares with cmd/cohort-intern.
 var (
-	env          = interncmd.Env
-	envBool      = interncmd.EnvBool
+	env          = config.Env
+	envBool      = config.EnvBool
 	envDuration  = interncmd.EnvDuration
-	splitList    = interncmd.SplitList
+	splitList    = config.SplitList
 	newLogger    = interncmd.NewLogger
 	startTracing = interncmd.StartTracing
 	limitFlags   = interncmd.LimitFlags
@@ -118,15 +117,7 @@ func loadKEK(cfg config.Config) (*envelope.KEK, error) {
 	if cfg.KEKFile != "" {
 		return envelope.Load(cfg.KEKFile)
 	}
-	return envelope.LoadOrCreate(kekPath(cfg))
-}
-
-// kekPath is the configured key-encryption key file.
-func kekPath(cfg config.Config) string {
-	if cfg.KEKFile != "" {
-		return cfg.KEKFile
-	}
-	return filepath.Join(cfg.DataDir, "kek.json")
+	return envelope.LoadOrCreate(cfg.KEKPath())
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -16,11 +16,8 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
-	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/metrics"
-	"github.com/cohort-dev/cohort/internal/provision/kubepods"
-	"github.com/cohort-dev/cohort/internal/provision/localjail"
-	"github.com/cohort-dev/cohort/internal/provision/remote"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -35,8 +32,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlags(fs, &cfg)
 	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
-	fs.StringVar(&cfg.Provisioner, "provisioner", env("COHORT_PROVISIONER", cfg.Provisioner), "local: the gateway runs each intern's daemon in a jail; remote: the operator runs them and registers each; kubernetes: each awake intern is a Pod (COHORT_PROVISIONER)")
-	kube := kubeFlags(fs)
+	backend := provision.Flags(fs, cfg.Provisioner)
 	corsOrigins := fs.String("cors-allow-origins", env("COHORT_CORS_ALLOW_ORIGINS", ""), "comma-separated origins (https://app.example.com) whose browser pages may call the API from another origin; empty: none (COHORT_CORS_ALLOW_ORIGINS)")
 	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
@@ -68,17 +64,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := limits(); err != nil {
 		return err
 	}
-	var err error
-	var kubeCfg *kubepods.Config
-	switch cfg.Provisioner {
-	case localjail.Name, remote.Name:
-	case kubepods.Name:
-		if kubeCfg, err = kube.build(); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
+	setup, name, err := backend()
+	if err != nil {
+		return err
 	}
+	cfg.Provisioner = name
 	if _, err := cfg.Catalog(); err != nil {
 		return err
 	}
@@ -102,7 +92,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.AgentBaseURL = env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
 	cfg.AgentAPIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
-	cfg.AgentEnv = jailAgentEnv(os.Environ())
+	cfg.AgentEnv = config.AgentEnv(os.Environ())
+	cfg.InternBinary = *internBinary
+	if err := setup.Check(cfg); err != nil {
+		return err
+	}
 	log, err := newLogger(stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -122,31 +116,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ln.Close()
-	if cfg.Provisioner == localjail.Name {
-		self, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		cfg.InternBinary = localjail.InternBinary(ctx, *internBinary, self, log)
+	env := provision.Env{Config: cfg, Log: log, Listen: ln.Addr(), GatewayURL: localGatewayURL(ln.Addr()), APIPrefix: server.Prefix}
+	closeBackend, err := setup.Prepare(ctx, env)
+	if err != nil {
+		return err
 	}
-	var jc *localjail.JailConfig
-	var jailRelay *egress.Relay
-	if cfg.Provisioner == localjail.Name && !cfg.UnsafeSharedHost {
-		// The data directory exists before the jail's hidden paths are
-		// resolved (through symlinks too); it is created empty.
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return err
-		}
-		var stopRelays func()
-		if jc, jailRelay, stopRelays, err = internJail(cfg, ln.Addr(), log); err != nil {
-			return err
-		}
-		defer stopRelays()
-		checkDescriptors(log, cfg.MaxAwakeInterns, jailRelay.MaxConnsPerIntern())
-		if err := server.ProbeJail(cfg, jc); err != nil {
-			return err
-		}
-	}
+	defer closeBackend()
 
 	db, err := openDB(ctx, cfg)
 	if err != nil {
@@ -181,25 +156,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer deps.Reads.Close()
 	}
-	deps.GatewayURL = localGatewayURL(ln.Addr())
-	var podModels *egress.Relay
-	switch {
-	case cfg.Provisioner == kubepods.Name:
-		if podModels, err = podRelay(kubeCfg, cfg, log); err != nil {
-			return err
-		}
-		defer podModels.Close()
-		deps.Kube = kubeCfg
-	case cfg.Provisioner == localjail.Name && cfg.UnsafeSharedHost:
-		fmt.Fprintln(stderr, "WARNING: "+server.UnsafeSharedHostWarning)
-	case cfg.Provisioner == localjail.Name:
-		deps.Jail, deps.JailProbed = jc, true
-	}
+	deps.GatewayURL, deps.Setup = env.GatewayURL, setup
 	srv, err := server.New(ctx, cfg, deps)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
+	if w := setup.Unsafe(); w != "" {
+		fmt.Fprintln(stderr, "WARNING: "+w)
+	}
 	// New set the metrics hooks; their listener is up before anything runs.
 	if cfg.MetricsListen != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsListen, srv.Metrics, stdout, log)
@@ -208,17 +173,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 	}
-	h := srv.Handler()
-	if kb, ok := srv.Backend.(*kubepods.Backend); ok && podModels != nil {
-		h = withPodRelay(h, kb.PodModelRelay(srv.Provisioner, podModels))
-	}
-	h = telemetry.Handler(h)
-	if jailRelay != nil {
-		// Before Start, which starts and adopts jails: each jail's
-		// gateway relay serves this handler in process, the intern named
-		// in each request (the exchange limiter keys on it).
-		jailRelay.SetGateway(h)
-	}
+	h := telemetry.Handler(setup.Routes(srv.Handler()))
+	// Before Start, which starts and adopts daemons.
+	setup.Serve(h)
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agent"
 	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // Agent runs `cohort agent`: the built-in ACP agent on stdin/stdout. Logs
@@ -20,16 +21,16 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	cfg := agent.Config{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Model, "model", Env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
-	fs.StringVar(&cfg.BaseURL, "base-url", Env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
-	fs.StringVar(&cfg.WorkDir, "workdir", Env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
-	fs.StringVar(&cfg.StateDir, "state-dir", Env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
+	fs.StringVar(&cfg.Model, "model", config.Env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
+	fs.StringVar(&cfg.BaseURL, "base-url", config.Env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
+	fs.StringVar(&cfg.WorkDir, "workdir", config.Env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
+	fs.StringVar(&cfg.StateDir, "state-dir", config.Env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
 	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", agent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
 	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", EnvDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
 	fs.IntVar(&cfg.MaxRetries, "model-retries", agent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
 	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
 	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")
-	logLevel := fs.String("log-level", Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
+	logLevel := fs.String("log-level", config.Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -38,7 +39,7 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	}
 	// The key is read from the environment only, never from a flag (which
 	// would show in the process list), and is never logged.
-	cfg.APIKey = Env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	cfg.APIKey = config.Env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	log, err := NewLogger(stderr, *logLevel)
 	if err != nil {
 		return err

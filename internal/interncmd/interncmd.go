@@ -24,36 +24,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
-// Env returns the value of a COHORT_* variable, or def.
-func Env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
-}
-
-// EnvBool is Env for a boolean; an unparsable value is def.
-func EnvBool(name string, def bool) bool {
-	if v, ok := os.LookupEnv(name); ok {
-		b, err := strconv.ParseBool(v)
-		if err == nil {
-			return b
-		}
-	}
-	return def
-}
-
-// SplitList splits a comma-separated flag value, dropping empty entries.
-func SplitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // NewLogger is the JSON logger of every command, at level.
 func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
 	var l slog.Level
@@ -103,12 +73,12 @@ func Profiled(f func() error) error {
 // `cohort intern --jail`); the returned func checks them after parsing,
 // naming the flag (and its variable) that is wrong. 0 leaves one unbounded.
 func LimitFlags(fs *flag.FlagSet, l *config.InternLimits, what string) func() error {
-	memory := fs.String("intern-memory", Env("COHORT_INTERN_MEMORY", jail.FormatSize(l.Memory)), what+", the memory of each intern's jail (its processes, page cache and tmpfs together); past it the kernel ends its largest process; 0 unbounded (COHORT_INTERN_MEMORY)")
-	procs := fs.String("intern-max-processes", Env("COHORT_INTERN_MAX_PROCESSES", strconv.Itoa(l.Processes)), what+", the processes and threads of each intern's jail at once; past it fork fails; 0 unbounded (COHORT_INTERN_MAX_PROCESSES)")
-	cpu := fs.String("intern-cpu-weight", Env("COHORT_INTERN_CPU_WEIGHT", strconv.Itoa(l.CPUWeight)), what+", each intern's share of the CPU when it is busy, 1–10000, 100 an equal share; 0 none of its own (COHORT_INTERN_CPU_WEIGHT)")
-	cpus := fs.String("intern-cpus", Env("COHORT_INTERN_CPUS", strconv.FormatFloat(l.CPUs, 'f', -1, 64)), what+", a cap on each intern's CPU time in CPUs (0.5, 2), even on an idle host; default all of this host's but one; 0 none (COHORT_INTERN_CPUS)")
-	tmpfs := fs.String("intern-tmpfs", Env("COHORT_INTERN_TMPFS", jail.FormatSize(l.Tmpfs)), what+", the size of each intern's /tmp, and of its /dev/shm; 0 unbounded (COHORT_INTERN_TMPFS)")
-	disk := fs.String("intern-disk", Env("COHORT_INTERN_DISK", jail.FormatSize(l.Disk)), what+", the disk of each intern's directory (each file's size where the file system has no quota: the start log says which); 0 unbounded (COHORT_INTERN_DISK)")
+	memory := fs.String("intern-memory", config.Env("COHORT_INTERN_MEMORY", jail.FormatSize(l.Memory)), what+", the memory of each intern's jail (its processes, page cache and tmpfs together); past it the kernel ends its largest process; 0 unbounded (COHORT_INTERN_MEMORY)")
+	procs := fs.String("intern-max-processes", config.Env("COHORT_INTERN_MAX_PROCESSES", strconv.Itoa(l.Processes)), what+", the processes and threads of each intern's jail at once; past it fork fails; 0 unbounded (COHORT_INTERN_MAX_PROCESSES)")
+	cpu := fs.String("intern-cpu-weight", config.Env("COHORT_INTERN_CPU_WEIGHT", strconv.Itoa(l.CPUWeight)), what+", each intern's share of the CPU when it is busy, 1–10000, 100 an equal share; 0 none of its own (COHORT_INTERN_CPU_WEIGHT)")
+	cpus := fs.String("intern-cpus", config.Env("COHORT_INTERN_CPUS", strconv.FormatFloat(l.CPUs, 'f', -1, 64)), what+", a cap on each intern's CPU time in CPUs (0.5, 2), even on an idle host; default all of this host's but one; 0 none (COHORT_INTERN_CPUS)")
+	tmpfs := fs.String("intern-tmpfs", config.Env("COHORT_INTERN_TMPFS", jail.FormatSize(l.Tmpfs)), what+", the size of each intern's /tmp, and of its /dev/shm; 0 unbounded (COHORT_INTERN_TMPFS)")
+	disk := fs.String("intern-disk", config.Env("COHORT_INTERN_DISK", jail.FormatSize(l.Disk)), what+", the disk of each intern's directory (each file's size where the file system has no quota: the start log says which); 0 unbounded (COHORT_INTERN_DISK)")
 	return func() error {
 		var err error
 		size := func(name, env, v string) int64 {

@@ -15,8 +15,9 @@ import (
 // (Provisioner) alone decides from the database which intern's daemon must
 // run, sleep or go, when to retry and what to evict, and calls the backend
 // to make it so; it never knows which backend it drives. A new backend is
-// a package implementing this interface and one line of wiring
-// (internal/server.New); docs/architecture.md draws the seam.
+// a package implementing this interface and registering its Kind
+// (registry.go), and one line in internal/provision/backends;
+// docs/architecture.md draws the seam.
 //
 // The reconciler acts on one intern at a time per gateway (concurrent
 // callers share one action), holding the backend's Claim for it.

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/accounts"
-	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
@@ -26,9 +25,8 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/provision/kubepods"
-	"github.com/cohort-dev/cohort/internal/provision/localjail"
-	"github.com/cohort-dev/cohort/internal/provision/remote"
+	// Every backend, registered (provision.Register).
+	_ "github.com/cohort-dev/cohort/internal/provision/backends"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/safehttp"
@@ -42,10 +40,6 @@ import (
 
 // Prefix is the version prefix every API path carries.
 const Prefix = "/api/v1"
-
-// UnsafeSharedHostWarning is logged at start and reported by /readyz when
-// local interns run unjailed (config.Config.UnsafeSharedHost).
-const UnsafeSharedHostWarning = "--unsafe-shared-host: interns run unjailed as the gateway's user on its host; anyone holding a workspace key can read the gateway's keys, database and other interns"
 
 // Server holds the gateway's services, wired by New.
 type Server struct {
@@ -103,14 +97,11 @@ type Deps struct {
 	// GatewayURL is where local daemons reach the API (the listener, on
 	// loopback), passed to each: their http_request tool's vault.
 	GatewayURL string
-	// Jail jails every local intern: required with the local provisioner
-	// unless the configuration allows UnsafeSharedHost.
-	Jail *localjail.JailConfig
-	// JailProbed says the caller already checked this machine can make
-	// Jail (ProbeJail, before it wrote anything); New does otherwise.
-	JailProbed bool
-	// Kube is the cluster of the Kubernetes provisioner, connected.
-	Kube *kubepods.Config
+	// Setup is the backend's setup (provision.Flags), checked and
+	// prepared by the caller before it wrote anything; nil: the
+	// configuration's provisioner with its defaults, unprepared (a local
+	// provisioner then needs UnsafeSharedHost, a cluster its setup).
+	Setup provision.Setup
 }
 
 // New builds the whole gateway from cfg over d: every service, its limits
@@ -151,17 +142,11 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
 	}
-	switch cfg.Provisioner {
-	case "", localjail.Name, remote.Name:
-	case kubepods.Name:
-		if d.Kube == nil {
-			return nil, errors.New("server: the kubernetes provisioner needs its cluster (Deps.Kube)")
+	setup := d.Setup
+	if setup == nil && cfg.Provisioner != "" {
+		if setup, err = provision.DefaultSetup(cfg.Provisioner); err != nil {
+			return nil, err
 		}
-	default:
-		return nil, fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
-	}
-	if cfg.Provisioner == localjail.Name && d.Jail == nil && !cfg.UnsafeSharedHost {
-		return nil, errors.New("server: the local provisioner jails every intern (Deps.Jail) unless UnsafeSharedHost allows otherwise")
 	}
 
 	db, log := d.DB, d.Log
@@ -241,33 +226,21 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			}}
 		prov := &provision.Provisioner{DB: db, KEK: d.KEK, Log: log,
 			IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency}
-		// The wiring: the one place that names the backends.
-		switch cfg.Provisioner {
-		case kubepods.Name:
-			prov.Backend = &kubepods.Backend{Config: *d.Kube, Agents: ag, InteractionDeadline: cfg.InteractionDeadline}
-			if d.Kube.WakeTimeout > 0 {
-				// A wake may wait for another replica's Lease to expire.
-				prov.WakeTimeout = d.Kube.WakeTimeout + max(d.Kube.LeaseDuration, 15*time.Second)
-			}
-		case remote.Name:
-			prov.Backend = &remote.Backend{}
-		case localjail.Name:
-			lb := localBackend(cfg, catalog, d.Jail)
-			lb.GatewayURL, lb.Agents.ModelKey = d.GatewayURL, ag.ModelKey
-			prov.Backend = lb
-			if d.Jail == nil {
-				log.Warn(UnsafeSharedHostWarning)
-				s.Warning = UnsafeSharedHostWarning
-				break
-			}
-			if !d.JailProbed {
-				if err := probeJail(lb); err != nil {
-					return nil, err
-				}
-			}
-			for _, w := range lb.LimitWarnings() {
-				log.Warn("an intern limit is not enforced on this host", "limit", w)
-			}
+		if cfg.MetricsListen != "" {
+			s.Metrics = metrics.New(db)
+			setup.Observe(provision.Hooks{KubeCall: s.Metrics.KubeCall})
+		}
+		env := provision.Env{Config: cfg, Log: log, GatewayURL: d.GatewayURL, APIPrefix: Prefix}
+		if prov.Backend, err = setup.Backend(env, prov, ag); err != nil {
+			return nil, err
+		}
+		prov.WakeTimeout = setup.WakeTimeout()
+		if w := setup.Unsafe(); w != "" {
+			log.Warn(w)
+			s.Warning = w
+		}
+		for _, w := range setup.Warnings() {
+			log.Warn("an intern limit is not enforced on this host", "limit", w)
 		}
 		s.Provisioner, s.Backend, ins.Lifecycle, s.Chat.Daemons = prov, prov.Backend, prov, prov
 		s.closers = append(s.closers, func() error { prov.Close(); return nil })
@@ -275,45 +248,17 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 
 	if cfg.MetricsListen != "" {
 		// Every hook is set here, before anything (Start) can call it.
-		m := metrics.New(db)
-		s.Metrics, s.Chat.Observer, fed.OnExchange, s.Vault.Observe = m, m, m.Exchange, m.Vault
+		if s.Metrics == nil {
+			s.Metrics = metrics.New(db)
+		}
+		m := s.Metrics
+		s.Chat.Observer, fed.OnExchange, s.Vault.Observe = m, m.Exchange, m.Vault
 		s.Runs.Observer, s.WebhookWorker.Observe = m, m.WebhookAttempt
 		if s.Provisioner != nil {
 			s.Provisioner.OnWake = m.Wake
 		}
-		if kb, ok := s.Backend.(*kubepods.Backend); ok {
-			kb.OnCall = m.KubeCall
-		}
 	}
 	return s, nil
-}
-
-// ProbeJail checks that this machine can make the jail cfg's local interns
-// would run in, as New does, without a database: serve calls it before it
-// writes anything. The error names what is missing and the remedies.
-func ProbeJail(cfg config.Config, jc *localjail.JailConfig) error {
-	catalog, err := cfg.Catalog()
-	if err != nil {
-		return err
-	}
-	return probeJail(localBackend(cfg, catalog, jc))
-}
-
-// localBackend is the local jails' backend cfg describes.
-func localBackend(cfg config.Config, catalog agents.Catalog, jc *localjail.JailConfig) *localjail.Backend {
-	b := &localjail.Backend{DataDir: cfg.DataDir, Agents: provision.Agents{Catalog: catalog, Command: cfg.AgentCommand},
-		InteractionDeadline: cfg.InteractionDeadline, HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: jc}
-	if cfg.InternBinary != "" {
-		b.Command = []string{cfg.InternBinary}
-	}
-	return b
-}
-
-func probeJail(b *localjail.Backend) error {
-	if err := b.ProbeJail(); err != nil {
-		return fmt.Errorf("%w\n%s", err, localjail.Remedy(err))
-	}
-	return nil
 }
 
 // Start starts the gateway's own work: the provisioner (the daemons of

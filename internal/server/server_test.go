@@ -212,7 +212,7 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 	cfg.UnsafeSharedHost = true
 	s = newServer(t, cfg, d)
 	lb, ok := s.Backend.(*localjail.Backend)
-	if s.Provisioner == nil || !ok || lb.Jail != nil || lb.Agents.ModelKey == nil || s.Warning != UnsafeSharedHostWarning {
+	if s.Provisioner == nil || !ok || lb.Jail != nil || lb.Agents.ModelKey == nil || s.Warning != localjail.UnsafeSharedHostWarning {
 		t.Fatalf("unsafe shared host: %+v", s)
 	}
 	if len(lb.Command) != 0 {

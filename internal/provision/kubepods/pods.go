@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -135,11 +136,12 @@ type Backend struct {
 	// request to the Kubernetes API (internal/metrics).
 	OnCall func(verb, resource string, code int)
 
-	log       *slog.Logger
-	api       *kubeAPI
-	informers []cache.SharedIndexInformer
-	pods      corelisters.PodLister
-	claims    corelisters.PersistentVolumeClaimLister
+	log          *slog.Logger
+	relayHandler http.Handler
+	api          *kubeAPI
+	informers    []cache.SharedIndexInformer
+	pods         corelisters.PodLister
+	claims       corelisters.PersistentVolumeClaimLister
 }
 
 var _ provision.Backend = (*Backend)(nil)

@@ -1,9 +1,10 @@
-package main
+package kubepods
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -16,19 +17,20 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
-	"github.com/cohort-dev/cohort/internal/provision/kubepods"
-	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/provision"
 )
 
-// kubeSettings are the flags of --provisioner kubernetes (docs/kubernetes.md).
-type kubeSettings struct {
-	config, namespace, image, gatewayURL                      *string
-	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
-	storageClass, wakeTimeout, agentModules, tmpSize          *string
-}
+func init() { provision.Register(kind{}) }
 
-func kubeFlags(fs *flag.FlagSet) *kubeSettings {
-	return &kubeSettings{
+type kind struct{}
+
+func (kind) Name() string  { return Name }
+func (kind) Usage() string { return "each awake intern is a Pod" }
+
+// Flags are the settings of --provisioner kubernetes (docs/kubernetes.md).
+func (kind) Flags(fs *flag.FlagSet) provision.Setup {
+	env := config.Env
+	return &setup{
 		config:        fs.String("kube-config", env("COHORT_KUBE_CONFIG", ""), "with kubernetes, the kubeconfig file of the cluster; empty: the Pod's own service account (COHORT_KUBE_CONFIG)"),
 		namespace:     fs.String("kube-namespace", env("COHORT_KUBE_NAMESPACE", "cohort-interns"), "with kubernetes, the namespace of intern Pods, claims, Secrets and Leases (COHORT_KUBE_NAMESPACE)"),
 		image:         fs.String("kube-image", env("COHORT_KUBE_IMAGE", ""), "with kubernetes, the image intern Pods run (/cohort intern): the gateway's own; required (COHORT_KUBE_IMAGE)"),
@@ -45,18 +47,29 @@ func kubeFlags(fs *flag.FlagSet) *kubeSettings {
 	}
 }
 
-// build checks the flags and connects to the cluster.
-func (s *kubeSettings) build() (*kubepods.Config, error) {
+// setup holds the flags until Check turns them into the cluster's Config.
+type setup struct {
+	config, namespace, image, gatewayURL                      *string
+	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
+	storageClass, wakeTimeout, agentModules, tmpSize          *string
+
+	kc     *Config
+	relay  *egress.Relay
+	onCall func(verb, resource string, code int)
+	b      *Backend
+}
+
+// Check checks the flags and loads the cluster's client settings (a file
+// read, nothing written or dialled).
+func (s *setup) Check(config.Config) error {
 	if *s.image == "" {
-		return nil, fmt.Errorf("--kube-image (COHORT_KUBE_IMAGE) is required with --provisioner kubernetes")
+		return fmt.Errorf("--kube-image (COHORT_KUBE_IMAGE) is required with --provisioner kubernetes")
 	}
 	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
-		return nil, fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
+		return fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
 	}
-	root := strings.TrimRight(*s.gatewayURL, "/")
-	kc := &kubepods.Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
-		GatewayURL: root + server.Prefix, RelayURL: root + kubepods.RelayPath, Identity: os.Getenv("POD_NAME"),
-		Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
+		Identity: os.Getenv("POD_NAME"), Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
 		flag, env, v string
 		into         corev1.ResourceList
@@ -74,7 +87,7 @@ func (s *kubeSettings) build() (*kubepods.Config, error) {
 		}
 		v, err := resource.ParseQuantity(q.v)
 		if err != nil || v.Sign() <= 0 {
-			return nil, fmt.Errorf("--%s (%s): %q is not a quantity such as 500m, 256Mi or 2", q.flag, q.env, q.v)
+			return fmt.Errorf("--%s (%s): %q is not a quantity such as 500m, 256Mi or 2", q.flag, q.env, q.v)
 		}
 		switch {
 		case q.name == corev1.ResourceEphemeralStorage:
@@ -87,7 +100,7 @@ func (s *kubeSettings) build() (*kubepods.Config, error) {
 	}
 	d, err := time.ParseDuration(*s.wakeTimeout)
 	if err != nil || d <= 0 {
-		return nil, fmt.Errorf("--kube-wake-timeout (COHORT_KUBE_WAKE_TIMEOUT): %q is not a duration such as 2m", *s.wakeTimeout)
+		return fmt.Errorf("--kube-wake-timeout (COHORT_KUBE_WAKE_TIMEOUT): %q is not a duration such as 2m", *s.wakeTimeout)
 	}
 	kc.WakeTimeout = d
 	var rc *rest.Config
@@ -97,41 +110,69 @@ func (s *kubeSettings) build() (*kubepods.Config, error) {
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--kube-config (COHORT_KUBE_CONFIG): %w", err)
+		return fmt.Errorf("--kube-config (COHORT_KUBE_CONFIG): %w", err)
 	}
 	rc.UserAgent = "cohort-gateway"
 	// client-go's default of 5 requests a second would pace wakes, not the cluster.
 	rc.QPS, rc.Burst = 50, 100
 	kc.REST = rc
-	return kc, nil
+	s.kc = kc
+	return nil
 }
 
-// podRelay is the model relay of intern Pods, served on the gateway's own
-// listener (kubepods.RelayPath, through the provisioner's
-// PodModelRelay): the operator's model endpoint and key
-// (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, as for jails), and
-// each third-party agent's endpoint with its key from the intern's vault.
-// It sets what Pods need to know of it in kc.
-func podRelay(kc *kubepods.Config, cfg config.Config, log *slog.Logger) (*egress.Relay, error) {
+// Prepare makes the model relay of intern Pods, served on the gateway's
+// own listener (RelayPath): the operator's model endpoint and key
+// (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, as for jails), and each
+// third-party agent's endpoint with its key from the intern's vault.
+func (s *setup) Prepare(_ context.Context, env provision.Env) (func(), error) {
+	if s.kc == nil {
+		return nil, errors.New("kubernetes: settings not checked")
+	}
+	cfg := env.Config
+	root := strings.TrimRight(*s.gatewayURL, "/")
+	s.kc.GatewayURL, s.kc.RelayURL = root+env.APIPrefix, root+RelayPath
 	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
-		Placeholder: modelKeyPlaceholder, Log: log.With("component", "egress")})
+		Placeholder: provision.KeyPlaceholder, Log: env.Log.With("component", "egress")})
 	if err != nil {
 		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	kc.ModelPath, kc.AgentEnv = relay.ModelPath(), cfg.AgentEnv
+	s.relay = relay
+	s.kc.ModelPath, s.kc.AgentEnv = relay.ModelPath(), cfg.AgentEnv
 	if cfg.AgentAPIKey != "" {
-		kc.ModelKeyPlaceholder = modelKeyPlaceholder
+		s.kc.ModelKeyPlaceholder = provision.KeyPlaceholder
 	}
-	return relay, nil
+	return func() { relay.Close() }, nil
 }
 
-// withPodRelay serves the Pods' model relay beside the API.
-func withPodRelay(api, relay http.Handler) http.Handler {
-	if relay == nil {
+func (s *setup) Backend(env provision.Env, p *provision.Provisioner, ag provision.Agents) (provision.Backend, error) {
+	if s.relay == nil {
+		return nil, errors.New("server: the kubernetes provisioner needs its cluster (its setup's Check and Prepare)")
+	}
+	s.b = &Backend{Config: *s.kc, Agents: ag, InteractionDeadline: env.Config.InteractionDeadline, OnCall: s.onCall}
+	s.b.relayHandler = s.b.PodModelRelay(p, s.relay)
+	return s.b, nil
+}
+
+// Routes serves the Pods' model relay beside the API.
+func (s *setup) Routes(api http.Handler) http.Handler {
+	if s.b == nil {
 		return api
 	}
 	mux := http.NewServeMux()
-	mux.Handle(kubepods.RelayPath, relay)
+	mux.Handle(RelayPath, s.b.relayHandler)
 	mux.Handle("/", api)
 	return mux
+}
+
+func (s *setup) Serve(http.Handler)        {}
+func (s *setup) Observe(h provision.Hooks) { s.onCall = h.KubeCall }
+func (s *setup) Warnings() []string        { return nil }
+func (s *setup) Unsafe() string            { return "" }
+
+// WakeTimeout: a wake may wait for another replica's Lease to expire.
+func (s *setup) WakeTimeout() time.Duration {
+	if s.kc == nil || s.kc.WakeTimeout <= 0 {
+		return 0
+	}
+	return s.kc.WakeTimeout + max(s.kc.LeaseDuration, 15*time.Second)
 }
