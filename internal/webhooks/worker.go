@@ -24,7 +24,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// Delivery defaults (docs/decisions.md, "Webhooks").
+// Delivery defaults (ADR 0034).
 const (
 	// DefaultAttemptTimeout bounds one attempt (Standard Webhooks
 	// receivers are told to answer fast and work later).

@@ -25,7 +25,7 @@ import (
 )
 
 // Bounds from the spec's Limits table, and ours where it is silent
-// (docs/decisions.md).
+// (ADR 0001).
 const (
 	MaxName         = 100
 	MaxSlug         = 50
