@@ -1,6 +1,6 @@
 // Package web embeds the built console (web/dist) so that `cohort serve`
 // serves it at "/" with no npm on the machine. The build output is
-// committed; CI rebuilds it and fails when it differs (docs/decisions.md).
+// committed; CI rebuilds it and fails when it differs (ADR 0002).
 package web
 
 import (

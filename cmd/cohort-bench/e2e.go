@@ -121,9 +121,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ccont := &e2eTarget{name: "Cohort, continued session", url: c.chatURL, hc: hc, header: cnew.header, continued: true}
 	targets := []*e2eTarget{direct, cnew, ccont}
 	if peer != nil {
-		for _, p := range peer.targets(hc, mock.url) {
-			targets = append(targets, p)
-		}
+		targets = append(targets, peer.targets(hc, mock.url)...)
 	}
 	// The first Cohort turn wakes the intern (a jail starts): not measured.
 	// It may still run the demo model (the gateway provisioned the intern

@@ -4,7 +4,7 @@
 // built-in agent (`cohort-intern agent`). It links none of the gateway, so
 // each of those processes carries only its own package initializers; the
 // gateway runs its interns from it when it lies beside the gateway's
-// executable and is the same build (docs/decisions.md).
+// executable and is the same build (ADR 0043).
 package main
 
 import (

@@ -45,7 +45,7 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Cause }
 
 // Retry-After values (seconds) of refusals whose end is not known in
-// advance: docs/decisions.md, "Hostile input and outages".
+// advance (ADR 0020).
 const (
 	// RetryBusySession: another turn runs in the session (409 busy).
 	RetryBusySession = 1

@@ -83,7 +83,7 @@ type Waker interface {
 }
 
 // DefaultTurnRate is the turn rate per user or organization when none is
-// configured (docs/decisions.md): 60 turns a minute, in bursts of 60.
+// configured (ADR 0006): 60 turns a minute, in bursts of 60.
 var DefaultTurnRate = ratelimit.PerMinute(60)
 
 // Service is the chat orchestration.

@@ -123,14 +123,14 @@ func openBinary(t *testing.T) string {
 func localGateway(t *testing.T, u testutil.User) modeTarget {
 	t.Helper()
 	dataDir := userDir(t, u, "data")
-	bin, binDir := cohortBin, filepath.Dir(cohortBin)
+	binDir := filepath.Dir(cohortBin)
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--provisioner", "local",
 		"--jail-orphan-timeout", "0", "--log-level", "info"}
 	var gw *proc
 	if u.UID == 0 {
 		gw = start(t, "gateway", nil, args...)
 	} else {
-		bin = openBinary(t)
+		bin := openBinary(t)
 		binDir = filepath.Dir(bin)
 		gw = startAs(t, u, bin, dataDir, "gateway", nil, args...)
 	}

@@ -16,8 +16,9 @@ import (
 )
 
 // The README's examples, as written, against a real `cohort serve` (issue
-// 29). Every ```sh and ```ts block of README.md carries a marker on the line
-// before its fence, an HTML comment that GitHub does not show:
+// 29), and those of the docs it sends a reader to (readmeFiles). Every ```sh,
+// ```ts and ```go block of these files carries a marker on the line before
+// its fence, an HTML comment that GitHub does not show:
 //
 //	<!-- readme-test: NAME -->          the test runs the block, checks its output with readmeWant[NAME]
 //	<!-- readme-test: skip: REASON -->  the test leaves it out, for the reason given
@@ -34,7 +35,11 @@ import (
 // web/node_modules (openai-node pinned there) and client/typescript (built
 // here, as npm install of it would) and run by node.
 
+// readmeFiles are the files whose examples run, from the repository root.
+var readmeFiles = []string{"README.md", "docs/clients.md", "docs/configuration.md", "docs/operations.md"}
+
 type readmeBlock struct {
+	file       string
 	line       int // of the opening fence
 	lang, body string
 	name, skip string // from the marker
@@ -93,11 +98,20 @@ var readmeWant = map[string][]string{
 
 func readmeBlocks(t *testing.T) []readmeBlock {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	var blocks []readmeBlock
+	for _, file := range readmeFiles {
+		b, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, markdownBlocks(file, string(b))...)
 	}
-	lines := strings.Split(string(b), "\n")
+	return blocks
+}
+
+// markdownBlocks are the fenced blocks of one file, with their markers.
+func markdownBlocks(file, text string) []readmeBlock {
+	lines := strings.Split(text, "\n")
 	var blocks []readmeBlock
 	for i := 0; i < len(lines); i++ {
 		lang, ok := strings.CutPrefix(lines[i], "```")
@@ -108,7 +122,7 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 		for end < len(lines) && lines[end] != "```" {
 			end++
 		}
-		blk := readmeBlock{line: i + 1, lang: lang, body: strings.Join(lines[i+1:end], "\n") + "\n"}
+		blk := readmeBlock{file: file, line: i + 1, lang: lang, body: strings.Join(lines[i+1:end], "\n") + "\n"}
 		if i > 0 {
 			if m := readmeMarker.FindStringSubmatch(lines[i-1]); m != nil {
 				blk.marked = true
@@ -136,11 +150,11 @@ func TestReadmeExamples(t *testing.T) {
 		}
 		switch {
 		case !b.marked:
-			t.Errorf("README.md:%d: a %s block without a marker: put <!-- readme-test: NAME --> (and its expected output in readmeWant) or <!-- readme-test: skip: why --> on the line before it", b.line, b.lang)
+			t.Errorf("%s:%d: a %s block without a marker: put <!-- readme-test: NAME --> (and its expected output in readmeWant) or <!-- readme-test: skip: why --> on the line before it", b.file, b.line, b.lang)
 		case b.skip != "":
 			continue
 		case readmeWant[b.name] == nil:
-			t.Errorf("README.md:%d: block %q has no expected output in readmeWant", b.line, b.name)
+			t.Errorf("%s:%d: block %q has no expected output in readmeWant", b.file, b.line, b.name)
 		}
 		named[b.name] = true
 		switch b.lang {
@@ -154,7 +168,7 @@ func TestReadmeExamples(t *testing.T) {
 	}
 	for name := range readmeWant {
 		if !named[name] {
-			t.Errorf("readmeWant[%q] names no block of README.md", name)
+			t.Errorf("readmeWant[%q] names no block of %s", name, strings.Join(readmeFiles, ", "))
 		}
 	}
 	if t.Failed() {
@@ -208,7 +222,7 @@ func TestReadmeExamples(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		runReadmeBlock(t, 1, readmeBlock{name: "tsc of the README's TypeScript"}, tsdir, env, "node", tsc, "-p", tsdir)
+		runReadmeBlock(t, 1, readmeBlock{file: "README.md", name: "tsc of the README's TypeScript"}, tsdir, env, "node", tsc, "-p", tsdir)
 		tsEnv := append(env, "WK="+boot["workspace_key"], "IN="+boot["intern_id"])
 		for _, b := range ts {
 			js := filepath.Join(tsdir, "out", strings.TrimSuffix(b.name, ".ts")+".js")
@@ -272,7 +286,7 @@ func runReadmeBlock(t *testing.T, pass int, b readmeBlock, dir string, env []str
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if err != nil || strings.TrimSpace(stderr.String()) != "" {
-		t.Fatalf("pass %d, README.md:%d (%s): %v\nstderr:\n%s\nstdout:\n%s", pass, b.line, b.name, err, stderr.String(), tail(stdout.String(), 3000))
+		t.Fatalf("pass %d, %s:%d (%s): %v\nstderr:\n%s\nstdout:\n%s", pass, b.file, b.line, b.name, err, stderr.String(), tail(stdout.String(), 3000))
 	}
 	return stdout.String()
 }
@@ -281,7 +295,7 @@ func checkReadmeOutput(t *testing.T, pass int, b readmeBlock, out string) {
 	t.Helper()
 	for _, want := range readmeWant[b.name] {
 		if !regexp.MustCompile(want).MatchString(out) {
-			t.Errorf("pass %d, README.md:%d (%s): output lacks %s:\n%s", pass, b.line, b.name, want, tail(out, 3000))
+			t.Errorf("pass %d, %s:%d (%s): output lacks %s:\n%s", pass, b.file, b.line, b.name, want, tail(out, 3000))
 		}
 	}
 }

@@ -20,8 +20,7 @@ import (
 // of a model API, on that API's own calls, and is redacted from every
 // response. An agent's request that puts the placeholder anywhere else, or
 // calls anything else on the endpoint's host, is refused with 403 and a
-// reason, and nothing is substituted (docs/decisions.md, "A narrow model
-// relay").
+// reason, and nothing is substituted (ADR 0017).
 
 // provider is one model API family: the header its key goes in and the
 // calls that take it.

@@ -2,7 +2,6 @@ package egress_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -93,7 +92,7 @@ func BenchmarkModelRelayRedaction(b *testing.B) {
 				n, _ := io.Copy(io.Discard, res.Body)
 				res.Body.Close()
 				if n != int64(len(sseChunk)*chunks) {
-					b.Fatal(fmt.Sprintf("read %d bytes, status %d", n, res.StatusCode))
+					b.Fatalf("read %d bytes, status %d", n, res.StatusCode)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunks), "ns/chunk")

@@ -20,7 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// Bounds of the settings the spec leaves open (docs/decisions.md).
+// Bounds of the settings the spec leaves open (ADR 0012).
 const (
 	MaxIssuerName   = 100
 	MaxURL          = 1024

@@ -302,7 +302,7 @@ func TestQuestion(t *testing.T) {
 }
 
 // A cancel answer answers the agent cancelled and ends the run: the
-// stream shows Finished ENDED 410 run_ended (docs/decisions.md).
+// stream shows Finished ENDED 410 run_ended (ADR 0007).
 func TestCancelAnswerEndsRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -2,7 +2,6 @@ package internd_test
 
 import (
 	"context"
-	"errors"
 	"net/http/httptest"
 	"os"
 	"testing"
@@ -239,5 +238,3 @@ func checkSeqs(t testing.TB, evs []*pb.RunEvent) {
 		}
 	}
 }
-
-var errNone = errors.New("none")

@@ -235,7 +235,7 @@ func (d *Daemon) promptError(err error) *apierr.Error {
 }
 
 // mapStop maps an ACP stop reason to how the stream finishes
-// (docs/decisions.md, "Intern runtime").
+// (ADR 0007).
 func mapStop(s acp.StopReason) (pb.Finished_Reason, *apierr.Error) {
 	switch s {
 	case acp.StopReasonEndTurn, acp.StopReasonMaxTokens, acp.StopReasonMaxTurnRequests:
@@ -410,7 +410,7 @@ func (r *run) answer(iaID, text string, detached bool) (*run, uint64, error) {
 	r.attached, r.log.pin = true, r.log.next
 	seq := r.addLocked(&pb.RunEvent{Event: &pb.RunEvent_Started{Started: &pb.Started{SessionId: r.sess.rec.ID, RunId: r.id, Continuation: true}}})
 	if rep.cancel {
-		// A cancel answer ends the run (docs/decisions.md): the agent's
+		// A cancel answer ends the run (ADR 0007): the agent's
 		// question is answered cancelled and the turn is cancelled.
 		r.mu.Unlock()
 		ia.reply <- rep

@@ -23,7 +23,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// Bounds on intern fields (docs/decisions.md).
+// Bounds on intern fields (ADR 0001).
 const (
 	MaxName  = 100
 	MaxModel = 256

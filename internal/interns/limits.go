@@ -12,8 +12,7 @@ import (
 
 // Bounds of an intern's own limits, whatever the operator's settings: the
 // least a daemon and its agent start in, and the most that is plausibly a
-// typo rather than a wish (docs/decisions.md, "Limits per intern: the
-// intern's own"). The minima are serve's for --intern-memory and
+// typo rather than a wish (ADR 0024). The minima are serve's for --intern-memory and
 // --intern-max-processes.
 const (
 	MinLimitMemory    = 64 << 20

@@ -152,9 +152,6 @@ type Spec struct {
 	// cmd/cohort-intern): the caller and the init speak an unversioned
 	// protocol. The init re-executes its own binary for the seccomp shim.
 	Init string `json:"-"`
-
-	// Set by Start, read by the init.
-	privileged bool
 }
 
 // Jail is a started or attached jail.

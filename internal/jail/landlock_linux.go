@@ -9,8 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A Landlock domain of its own for every filtered program (decisions:
-// "Nothing a command can touch is stronger than the command").
+// A Landlock domain of its own for every filtered program (ADR 0044).
 //
 // Commands run as the same uid as the agent that starts them, and the
 // built-in agent stays dumpable: it makes user namespaces for manual-mode

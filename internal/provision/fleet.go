@@ -265,7 +265,7 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 	// the limits would restart every daemon that has its own.
 	if err := p.DB.NewSelect().Model(&rows).Column("id", "state", "daemon_url", "model", "agent",
 		"limit_memory", "limit_processes", "limit_cpu_weight", "limit_cpus", "limit_tmpfs", "limit_disk").
-		Where("state IN (?)", bun.In([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
+		Where("state IN (?)", bun.List([]string{store.InternProvisioning, store.InternRunning})).Scan(ctx); err != nil {
 		return err
 	}
 	f := &p.fleet
@@ -324,7 +324,7 @@ func (p *Provisioner) reconcile(ctx context.Context) error {
 		return nil
 	}
 	var states []store.Intern
-	if err := p.DB.NewSelect().Model(&states).Column("id", "state").Where("id IN (?)", bun.In(others)).Scan(ctx); err != nil {
+	if err := p.DB.NewSelect().Model(&states).Column("id", "state").Where("id IN (?)", bun.List(others)).Scan(ctx); err != nil {
 		return err
 	}
 	state := make(map[string]string, len(states))
@@ -620,7 +620,7 @@ func (p *Provisioner) ensure(ctx context.Context, in *store.Intern) error {
 		res, err := p.DB.NewUpdate().Model((*store.Intern)(nil)).
 			Set("daemon_secret = ?", w).Set("daemon_url = ''").Set("provisioner = ?", b.Name()).
 			Set("state = ?", store.InternProvisioning).Set("updated_at = ?", store.Now(nil)).
-			Where("id = ? AND state IN (?)", in.ID, bun.In([]string{store.InternProvisioning, store.InternRunning})).Exec(ctx)
+			Where("id = ? AND state IN (?)", in.ID, bun.List([]string{store.InternProvisioning, store.InternRunning})).Exec(ctx)
 		if err != nil {
 			return "", "", err
 		}

@@ -285,7 +285,7 @@ func (p *Provisioner) Start(ctx context.Context) error {
 			Set("state = ?", to).Set("updated_at = ?", store.Now(nil)).
 			Where("state = ?", store.InternRunning)
 		if len(live) > 0 {
-			q = q.Where("id NOT IN (?)", bun.In(live))
+			q = q.Where("id NOT IN (?)", bun.List(live))
 		}
 		if _, err := q.Exec(ctx); err != nil {
 			return err

@@ -54,7 +54,7 @@ type RunNotifier interface {
 	Notify()
 }
 
-// Defaults of Config (docs/decisions.md, "Background runs").
+// Defaults of Config (ADR 0033).
 const (
 	DefaultMaxRunning    = 16
 	DefaultMaxEventBytes = 8 << 20

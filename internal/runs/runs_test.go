@@ -206,18 +206,6 @@ func contiguous(t *testing.T, evs []event, from int64) {
 	}
 }
 
-// shape is a chunk without what differs between two responses (ids,
-// times, sessions).
-func shape(t *testing.T, data string) string {
-	t.Helper()
-	m := object(t, data)
-	delete(m, "id")
-	delete(m, "created")
-	delete(m, "session_id")
-	b, _ := json.Marshal(m)
-	return string(b)
-}
-
 func sseChunks(t *testing.T, body string) []string {
 	var out []string
 	for _, line := range strings.Split(body, "\n") {

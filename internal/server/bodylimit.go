@@ -17,8 +17,7 @@ import (
 
 // DefaultMaxBody bounds a request body on a door whose limit the spec does
 // not set (every Connect service but chat and the vault): the largest valid
-// request of those services is a few KB. docs/decisions.md, "Hostile input
-// and outages".
+// request of those services is a few KB (ADR 0020).
 const DefaultMaxBody = 64 << 10
 
 // gzipSlack is what a gzip body may exceed its limit by on the wire: the

@@ -1,7 +1,7 @@
 package store
 
 // Each intern may have bounds of its own, below the operator's --intern-*
-// settings (docs/decisions.md, "Limits per intern: the intern's own"):
+// settings (ADR 0024):
 // 0 is the operator's setting, so existing rows keep it.
 func init() {
 	Migrations.MustRegister(ddl(

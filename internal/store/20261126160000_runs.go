@@ -2,7 +2,7 @@ package store
 
 // Background runs (docs/background.md): a run's status, and its chunks in
 // order, kept for readers that come later (bounded per run and by a
-// retention period, docs/decisions.md "Background runs").
+// retention period, ADR 0033).
 func init() {
 	Migrations.MustRegister(ddl(
 		`CREATE TABLE runs (

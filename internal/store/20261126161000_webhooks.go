@@ -11,7 +11,7 @@ import (
 // Webhooks: a workspace's endpoints (their signing secrets wrapped by the
 // KEK) and the durable outbox of deliveries, written in the transaction
 // that changes a run's status and drained by every replica's worker
-// (docs/decisions.md, "Webhooks").
+// (ADR 0034).
 func init() {
 	stmts := []string{
 		`CREATE TABLE webhook_endpoints (

@@ -6,7 +6,7 @@ import (
 	"github.com/uptrace/bun"
 )
 
-// Run statuses (docs/decisions.md, "Background runs").
+// Run statuses (ADR 0033).
 const (
 	RunRunning   = "running"
 	RunPaused    = "paused"

@@ -162,13 +162,6 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 	return value, ReasonHostMatch, nil
 }
 
-func notFoundReason(err error) string {
-	if err == errSecretNotFound {
-		return ReasonSecretNotFound
-	}
-	return ReasonInternal
-}
-
 // actor names who asked, for the audit.
 func actor(ctx context.Context) string {
 	p := auth.From(ctx)

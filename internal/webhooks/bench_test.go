@@ -46,9 +46,7 @@ func benchDBs(b *testing.B, fn func(b *testing.B, db *bun.DB)) {
 // the worker's round trips to the database.
 func counted(db *bun.DB) (*bun.DB, *atomic.Int64) {
 	n := new(atomic.Int64)
-	c := bun.NewDB(db.DB, db.Dialect())
-	c.AddQueryHook(queryCounter{n})
-	return c, n
+	return bun.NewDB(db.DB, db.Dialect()).WithQueryHook(queryCounter{n}), n
 }
 
 type queryCounter struct{ n *atomic.Int64 }

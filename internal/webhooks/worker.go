@@ -24,7 +24,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
-// Delivery defaults (docs/decisions.md, "Webhooks").
+// Delivery defaults (ADR 0034).
 const (
 	// DefaultAttemptTimeout bounds one attempt (Standard Webhooks
 	// receivers are told to answer fast and work later).
@@ -481,7 +481,7 @@ func (w *Worker) endpoints(ctx context.Context, rows []claimed) (map[string]*tar
 		ids = append(ids, r.EndpointID)
 	}
 	var eps []store.WebhookEndpoint
-	if err := w.DB.NewSelect().Model(&eps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+	if err := w.DB.NewSelect().Model(&eps).Where("id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
 		return nil, fmt.Errorf("endpoints: %w", err)
 	}
 	now := w.now()

@@ -25,7 +25,7 @@ import (
 )
 
 // Bounds from the spec's Limits table, and ours where it is silent
-// (docs/decisions.md).
+// (ADR 0001).
 const (
 	MaxName         = 100
 	MaxSlug         = 50
@@ -245,7 +245,7 @@ func (s *Service) checkKeys(ctx context.Context, orgID string, ids []string) err
 	}
 	var found []string
 	err := s.DB.NewSelect().Model((*store.APIKey)(nil)).Column("id").
-		Where("organization_id = ? AND deleted_at IS NULL AND id IN (?)", orgID, bun.In(ids)).Scan(ctx, &found)
+		Where("organization_id = ? AND deleted_at IS NULL AND id IN (?)", orgID, bun.List(ids)).Scan(ctx, &found)
 	if err != nil {
 		return apierr.Internal(err)
 	}

@@ -24,7 +24,7 @@
 // Settle covers what the tap alone cannot: a tool call that reaches the
 // daemon over another connection than the agent's stdout could overtake
 // text still in the pipe (a test saw that text dropped in 2 of 3 runs;
-// docs/decisions.md, Vault, "Text before the pause").
+// ADR 0005, "Text before the pause").
 package acptap
 
 import (

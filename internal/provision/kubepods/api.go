@@ -22,7 +22,7 @@ import (
 // and coordination/v1, not client-go's typed clientset: the clientset's
 // scheme registers every API group at init, which cost every process of
 // this binary (each intern's daemon and agent too) 2.2 MB more heap and
-// 5 ms more start (GODEBUG=inittrace=1; docs/decisions.md).
+// 5 ms more start (GODEBUG=inittrace=1; ADR 0010).
 type kubeAPI struct {
 	core, coord rest.Interface
 	ns          string

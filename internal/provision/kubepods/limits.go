@@ -18,7 +18,7 @@ const annLimits = "cohort.dev/limits"
 // kubeLimits is annLimits' value: the intern's own limits that a Pod
 // carries (memory, CPUs, /tmp's size), "" when it has none of them. The
 // others (processes, CPU weight, disk) have no per-Pod equivalent the
-// provisioner sets (docs/decisions.md).
+// provisioner sets (ADR 0024).
 func kubeLimits(l store.InternLimits) string {
 	var parts []string
 	if l.Memory > 0 {

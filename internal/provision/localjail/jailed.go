@@ -245,7 +245,7 @@ func (o DaemonJail) Spec() jail.Spec {
 		Limits: o.Limits,
 		// The built-in agent runs manual-mode commands in jails of its
 		// own; the daemon and it put the strict filter on every other
-		// agent and command (docs/decisions.md, "Seccomp").
+		// agent and command (ADR 0019).
 		Seccomp: jail.SeccompNested,
 	}
 	if self, err := os.Executable(); err != nil || o.Self[0] != self {
