@@ -41,7 +41,8 @@ func getRunREST(t *testing.T, e *testenv.Env, id string) runRecord {
 // shows the question with the command; the event stream, broken by the
 // gateway closing every connection, resumes after the last event it
 // showed; "Allow once" from the page continues the run, whose events show
-// live (each once) until it completes, and the list says completed.
+// live (each once) until it completes, and the list says completed. A
+// question then becomes a form whose text answer the run goes on with.
 func TestRunsPageAnswersPause(t *testing.T) {
 	t.Parallel()
 	e := demoEnv(t)
@@ -109,6 +110,27 @@ func TestRunsPageAnswersPause(t *testing.T) {
 	}
 	if n := browsertest.Get(t, b, chromedp.Evaluate[int](`document.querySelectorAll("#runs-list button[aria-label^='Cancel ']").length`)); n != 0 {
 		t.Fatal("a completed run still offers Cancel")
+	}
+
+	// A question in the same session: a second run, listed after the
+	// first, whose text answer from the page the agent uses.
+	b.Do(t,
+		chromedp.SendKeys(css("#run-prompt"), "is it done?"),
+		chromedp.Click(css("#run-start")),
+		chromedp.WaitVisible(css("#run-question input[name=answer]")),
+	)
+	second := browsertest.Get(t, b, chromedp.Evaluate[string](`document.querySelector(".run-detail").dataset.run`))
+	if second == id {
+		t.Fatal("the page still shows the first run")
+	}
+	until(t, b, `[...document.querySelectorAll("#runs-list tr[data-run]")].map(r => r.dataset.run + ":" + r.dataset.status).join(",") === "`+id+`:completed,`+second+`:paused"`)
+	b.Do(t,
+		chromedp.SendKeys(css("#run-question input[name=answer]"), "yes"),
+		chromedp.Click(css("#run-question button[data-action=accept]")),
+	)
+	until(t, b, `document.querySelector(".run-detail").dataset.followed === "ended" && `+runRow(second)+`?.dataset.status === "completed"`)
+	if c := b.Text(t, ".run-detail .turn"); !contains(c, "Answered: Accepted", "You answered: yes", run.SessionID) {
+		t.Fatalf("question run:\n%s", c)
 	}
 	for _, err := range b.Errors() {
 		if !strings.HasPrefix(err, "log network: Failed to load resource: net::ERR_") || !strings.Contains(err, e.URL+"/cohort.v1.RunService/") {
