@@ -175,5 +175,6 @@ func TestRunsPageCancels(t *testing.T) {
 	if rec := b.Text(t, ".run-detail .run-record"); !contains(rec, "cancelled", "run_ended") {
 		t.Fatalf("run record:\n%s", rec)
 	}
+	fitsPhone(t, b, "a cancelled run's events")
 	b.NoErrors(t)
 }

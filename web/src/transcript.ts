@@ -5,6 +5,22 @@
 import type { ChatCompletionChunk, ChatUsage, ToolCall } from "./gen/cohort/v1/chat_pb";
 import { h, field, input, select, option, button, rule, validate, required, uid } from "./dom";
 
+// approvalModes is the choice of approval mode for a prompt (manual first,
+// the safer one); idPrefix names the radios ("mode" gives #mode-manual).
+export function approvalModes(idPrefix: string, legend: string): { el: HTMLElement; value: () => string } {
+  const name = uid("mode");
+  const manual = input({ type: "radio", name, value: "manual", id: `${idPrefix}-manual`, checked: true });
+  const selfDrive = input({ type: "radio", name, value: "self-drive", id: `${idPrefix}-self-drive` });
+  const el = h(
+    "fieldset",
+    { class: "mode" },
+    h("legend", {}, legend),
+    h("div", { class: "check" }, manual, h("label", { for: manual.id }, "Manual: ask before each tool")),
+    h("div", { class: "check" }, selfDrive, h("label", { for: selfDrive.id }, "Self-drive: consent for this run, unsandboxed shell")),
+  );
+  return { el, value: () => (manual.checked ? "manual" : "self-drive") };
+}
+
 export const PERMISSION_LABELS: Record<string, string> = {
   allow_once: "Allow once",
   allow_always: "Allow always",

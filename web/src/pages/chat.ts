@@ -5,9 +5,9 @@
 // (the service cancels a run whose caller hangs up).
 import { chat, errorText, errorReason } from "../api";
 import type { ChatCompletionChunk, ToolCall } from "../gen/cohort/v1/chat_pb";
-import { h, message, field, input, textarea, button, rule, validate, required, maxRunes, onLeave, uid } from "../dom";
+import { h, message, field, input, textarea, button, rule, validate, required, maxRunes, onLeave } from "../dom";
 import { internSelect } from "../pickers";
-import { Turn, finalDetails, pauseBlock } from "../transcript";
+import { Turn, finalDetails, pauseBlock, approvalModes } from "../transcript";
 
 type ChatRequest = Parameters<typeof chat.streamChatCompletion>[0];
 
@@ -15,9 +15,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
   const loadOut = h("div");
   const intern = rule(await internSelect({ name: "intern", id: "chat-intern", required: true }, internArg, loadOut), required("intern"));
   const session = rule(input({ name: "session_id", id: "session", autocomplete: "off", spellcheck: "false" }), maxRunes("session_id", 256));
-  const modeName = uid("mode");
-  const manual = input({ type: "radio", name: modeName, value: "manual", id: "mode-manual", checked: true });
-  const selfDrive = input({ type: "radio", name: modeName, value: "self-drive", id: "mode-self-drive" });
+  const modes = approvalModes("mode", "Approval mode for this prompt");
   const prompt = rule(textarea({ name: "prompt", id: "prompt", rows: "3", required: true }), required("prompt"), maxRunes("prompt", 32000));
   const send = h("button", { type: "submit", id: "send" }, "Send") as HTMLButtonElement;
   const stop = button("Stop", () => current?.abort(), { id: "stop", class: "secondary", disabled: true });
@@ -132,7 +130,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
       onsubmit: async (e: Event) => {
         e.preventDefault();
         if (current || waiting || !validate(e.target as HTMLElement)) return;
-        const mode = manual.checked ? "manual" : "self-drive";
+        const mode = modes.value();
         const turn = new Turn(h("p", { class: "user" }, h("span", { class: "who" }, `You (${mode})`), prompt.value));
         log.append(turn.el);
         const text = prompt.value;
@@ -148,13 +146,7 @@ export async function chatPage(root: HTMLElement, internArg: string): Promise<vo
     field("Intern", intern),
     loadOut,
     field("Session id", session, "Empty starts a new session; filled in from each reply. The same id continues that session."),
-    h(
-      "fieldset",
-      { class: "mode" },
-      h("legend", {}, "Approval mode for this prompt"),
-      h("div", { class: "check" }, manual, h("label", { for: "mode-manual" }, "Manual: ask before each tool")),
-      h("div", { class: "check" }, selfDrive, h("label", { for: "mode-self-drive" }, "Self-drive: consent for this run, unsandboxed shell")),
-    ),
+    modes.el,
     field("Prompt", prompt, "Up to 32000 characters."),
     h("div", { class: "actions" }, send, stop, button("New session", () => { session.value = ""; wait(false); session.focus(); }, { class: "secondary" })),
   );

@@ -11,7 +11,7 @@ import type { Run } from "../gen/cohort/v1/run_pb";
 import type { ToolCall } from "../gen/cohort/v1/chat_pb";
 import { h, message, field, input, textarea, button, rule, validate, required, maxRunes, onLeave, confirmButton, table, uid } from "../dom";
 import { internSelect } from "../pickers";
-import { Turn, finalDetails, pauseBlock, usageText } from "../transcript";
+import { Turn, finalDetails, pauseBlock, usageText, approvalModes } from "../transcript";
 
 // How often the list is read again: a status change shows within it. A
 // session whose runs have all ended is read less often (a run started
@@ -333,9 +333,7 @@ export async function runsPage(root: HTMLElement, arg: string): Promise<void> {
     h("button", { type: "submit", id: "runs-show" }, "Show runs"),
   );
 
-  const modeName = uid("mode");
-  const manual = input({ type: "radio", name: modeName, value: "manual", id: "run-mode-manual", checked: true });
-  const selfDrive = input({ type: "radio", name: modeName, value: "self-drive", id: "run-mode-self-drive" });
+  const modes = approvalModes("run-mode", "Approval mode");
   const prompt = rule(textarea({ name: "prompt", id: "run-prompt", rows: "3", required: true }), required("prompt"), maxRunes("prompt", 32000));
   const startOut = h("div", { class: "out" });
   const start = h(
@@ -352,7 +350,7 @@ export async function runsPage(root: HTMLElement, arg: string): Promise<void> {
           let started: Run | undefined;
           for await (const res of chat.streamChatCompletion({
             internId: intern.value,
-            approvalMode: manual.checked ? "manual" : "self-drive",
+            approvalMode: modes.value(),
             sessionId: session.value.trim() || undefined,
             background: true,
             messages: [{ role: "user", content: prompt.value }],
@@ -372,13 +370,7 @@ export async function runsPage(root: HTMLElement, arg: string): Promise<void> {
         }
       },
     },
-    h(
-      "fieldset",
-      { class: "mode" },
-      h("legend", {}, "Approval mode"),
-      h("div", { class: "check" }, manual, h("label", { for: "run-mode-manual" }, "Manual: ask before each tool (the run pauses)")),
-      h("div", { class: "check" }, selfDrive, h("label", { for: "run-mode-self-drive" }, "Self-drive: consent for this run, unsandboxed shell")),
-    ),
+    modes.el,
     field("Prompt", prompt, "The intern and session above; an empty session id starts a new session."),
     h("button", { type: "submit", id: "run-start" }, "Start run"),
     startOut,
