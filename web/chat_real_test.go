@@ -55,14 +55,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestChatPermissionPause runs the playground end to end: gateway, the
-// intern's real daemon (local provisioner) and the built-in agent with the
-// offline cohort/demo model. "$ echo hi" in manual mode pauses for
-// permission; the page offers exactly the four option kinds and cancel;
-// "Allow once" resumes the same run, which runs the command and finishes.
-// A question then becomes a form whose answer the agent uses.
-func TestChatPermissionPause(t *testing.T) {
-	t.Parallel()
+// demoEnv is a gateway whose interns run the real daemon (local
+// provisioner) and built-in agent; it returns once the demo intern, on
+// the offline cohort/demo model, is running.
+func demoEnv(t *testing.T) *testenv.Env {
+	t.Helper()
 	bin := cohortBinary(t)
 	var prov *provision.Provisioner
 	e := testenv.New(t, storetest.SQLite(t), func(s *server.Server) {
@@ -88,6 +85,18 @@ func TestChatPermissionPause(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return e
+}
+
+// TestChatPermissionPause runs the playground end to end: gateway, the
+// intern's real daemon (local provisioner) and the built-in agent with the
+// offline cohort/demo model. "$ echo hi" in manual mode pauses for
+// permission; the page offers exactly the four option kinds and cancel;
+// "Allow once" resumes the same run, which runs the command and finishes.
+// A question then becomes a form whose answer the agent uses.
+func TestChatPermissionPause(t *testing.T) {
+	t.Parallel()
+	e := demoEnv(t)
 
 	b := browsertest.New(t, 390, 844)
 	signIn(t, b, e.HTTP.URL+"/", e.WorkspaceKey)

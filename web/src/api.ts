@@ -9,6 +9,7 @@ import { VaultService, VaultAdminService } from "./gen/cohort/v1/vault_pb";
 import { ChatService } from "./gen/cohort/v1/chat_pb";
 import { FederationService } from "./gen/cohort/v1/federation_pb";
 import { WebhookService } from "./gen/cohort/v1/webhook_pb";
+import { RunService } from "./gen/cohort/v1/run_pb";
 import { ErrorDetailSchema } from "./gen/cohort/v1/errors_pb";
 
 const KEY = "cohort.apiKey";
@@ -62,6 +63,7 @@ export const vaultAdmin = createClient(VaultAdminService, transport);
 export const chat = createClient(ChatService, transport);
 export const federation = createClient(FederationService, transport);
 export const webhooks = createClient(WebhookService, transport);
+export const runs = createClient(RunService, transport);
 
 // errorText shows an error as the API words it.
 export function errorText(err: unknown): string {

@@ -7,11 +7,13 @@ import { vaultPage } from "./pages/vault";
 import { chatPage } from "./pages/chat";
 import { federationPage } from "./pages/federation";
 import { webhooksPage } from "./pages/webhooks";
+import { runsPage } from "./pages/runs";
 
 const app = document.getElementById("app")!;
 const nav = document.getElementById("nav")!;
 
-// A page renders into root; arg is the rest of the route (an id).
+// A page renders into root; arg is the rest of the route (an id, or ids
+// joined by "/").
 type Page = (root: HTMLElement, arg: string) => Promise<void> | void;
 
 // Pages only a management key can use: left out of a workspace or
@@ -23,6 +25,7 @@ const pages: Record<string, [string, Page]> = {
   keys: ["API keys", keysPage],
   interns: ["Interns", internsPage],
   chat: ["Playground", chatPage],
+  runs: ["Runs", runsPage],
   vault: ["Vault", vaultPage],
   federation: ["Workload identity", federationPage],
   webhooks: ["Webhooks", webhooksPage],
@@ -30,7 +33,8 @@ const pages: Record<string, [string, Page]> = {
 
 function render(): void {
   leave();
-  const [name = "", arg = ""] = location.hash.replace(/^#\/?/, "").split("/");
+  const [name = "", ...rest] = location.hash.replace(/^#\/?/, "").split("/");
+  const arg = rest.join("/");
   const signedIn = apiKey() !== null;
   const entry = signedIn ? pages[name] : undefined;
   nav.replaceChildren(

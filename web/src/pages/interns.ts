@@ -79,6 +79,7 @@ export async function internsPage(root: HTMLElement, wsArg: string): Promise<voi
         "div",
         { class: "actions" },
         i.state === "running" || i.state === "sleeping" ? h("a", { href: `#/chat/${i.id}`, class: "button" }, "Chat") : null,
+        h("a", { href: `#/runs/${i.id}`, class: "button secondary" }, "Runs"),
         h("a", { href: `#/vault/${i.id}`, class: "button secondary" }, "Secrets"),
         i.state === "suspended"
           ? button("Resume", act("Resumed", () => interns.resumeIntern({ id: i.id })), { class: "secondary", "aria-label": `Resume ${i.name}` })
