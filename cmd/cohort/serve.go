@@ -226,6 +226,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 
+	// A graceful stop hands the background runs over at once and ends
+	// the run event streams, which would otherwise hold Shutdown.
+	hs.RegisterOnShutdown(srv.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -237,7 +240,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+		// A stop asked for is not a failure: what is still open at the
+		// timeout (a long chat stream) is cut.
+		log.Warn("connections still open at the shutdown timeout were closed", "timeout", cfg.ShutdownTimeout.String(), "err", err)
+		hs.Close()
 	}
 	return nil
 }

@@ -334,6 +334,18 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
+// Drain begins a graceful stop: the background runs this gateway records
+// are handed over (released at once; another replica takes them over
+// within its runs.Config.Scan) and the run event streams read here end,
+// their readers resuming elsewhere from their last event id. Call it as
+// the HTTP server's shutdown begins, so that no reader holds it until its
+// timeout (ADR 0921). Close does it too.
+func (s *Server) Drain() {
+	if s.Runs != nil {
+		s.Runs.Close()
+	}
+}
+
 // Close stops what Start started and releases what New opened: the
 // provisioner's daemons (a Pod outlives it), the Redis connection. It may
 // be called more than once.
