@@ -17,6 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision/kubepods"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
@@ -100,6 +101,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--http-tool-ca-file (COHORT_HTTP_TOOL_CA_FILE): %w", err)
 		}
 	}
+	// Every setting is checked before anything is opened or written
+	// (issue 43): a wrong one leaves no database, KEK or bootstrap keys.
+	if err := server.CheckSettings(cfg); err != nil {
+		return err
+	}
+	deps := server.Deps{}
+	if cfg.KEKFile != "" {
+		if deps.KEK, err = envelope.Load(cfg.KEKFile); err != nil {
+			return fmt.Errorf("--kek-file (COHORT_KEK_FILE): %w", err)
+		}
+	} else if _, err := os.Stat(kekPath(cfg)); err == nil {
+		if deps.KEK, err = envelope.Load(kekPath(cfg)); err != nil {
+			return err
+		}
+	}
 	cfg.AgentBaseURL = env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
 	cfg.AgentAPIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	cfg.AgentEnv = jailAgentEnv(os.Environ())
@@ -153,6 +169,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer db.Close()
+	if deps.KEK == nil {
+		// The first start: created beside the database, before any key
+		// that it will protect is shown.
+		if deps.KEK, err = envelope.LoadOrCreate(kekPath(cfg)); err != nil {
+			return err
+		}
+	}
 
 	if !cfg.NoBootstrap {
 		res, err := bootstrap.Run(ctx, db)
@@ -170,10 +193,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	deps := server.Deps{DB: db, Log: log}
-	if deps.KEK, err = loadKEK(cfg); err != nil {
-		return err
-	}
+	deps.DB, deps.Log = db, log
 	if path, ok := store.SQLiteFile(cfg.DatabaseURL, cfg.DataDir); ok {
 		// Exchanges read beside the one writer connection (WAL).
 		if deps.Reads, err = store.OpenSQLiteReads(ctx, path, 4); err != nil {

@@ -123,6 +123,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if d.DB == nil || d.KEK == nil || d.Log == nil {
 		return nil, errors.New("server: DB, KEK and Log are required")
 	}
+	if err := CheckSettings(cfg); err != nil {
+		return nil, err
+	}
 	turnRate, err := ratelimit.ParseRate(cfg.TurnRate)
 	if err != nil {
 		return nil, fmt.Errorf("--turn-rate: %w", err)
@@ -286,6 +289,39 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		}
 	}
 	return s, nil
+}
+
+// CheckSettings checks the settings New reads without opening anything:
+// serve calls it before it writes anything, so that a wrong setting leaves
+// no database, KEK or bootstrap keys behind. Errors name the flag.
+func CheckSettings(cfg config.Config) error {
+	if _, err := ratelimit.ParseRate(cfg.TurnRate); err != nil {
+		return fmt.Errorf("--turn-rate: %w", err)
+	}
+	if _, err := ratelimit.ParseRate(cfg.ExchangeRate); err != nil {
+		return fmt.Errorf("--exchange-rate: %w", err)
+	}
+	if _, err := safehttp.ExtraRootsFromFile(cfg.ExtraCAFile); err != nil {
+		return err
+	}
+	if _, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts); err != nil {
+		return fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
+	}
+	if _, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts); err != nil {
+		return fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
+	}
+	if _, err := cfg.Catalog(); err != nil {
+		return err
+	}
+	if _, err := ParseOrigins(cfg.CORSAllowOrigins); err != nil {
+		return fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
+	}
+	switch cfg.Provisioner {
+	case "", localjail.Name, remote.Name, kubepods.Name:
+	default:
+		return fmt.Errorf("--provisioner must be local, remote or kubernetes, not %q", cfg.Provisioner)
+	}
+	return nil
 }
 
 // ProbeJail checks that this machine can make the jail cfg's local interns
