@@ -20,8 +20,8 @@ import (
 )
 
 // soakLease is the replicas' --background-lease: a killed replica's runs
-// are taken over within it plus 5 s; a stopped one's within a second
-// (well under it, so it is the hand-over and not the lease).
+// are taken over within it plus 5 s; a stopped one's at once (well under
+// it, so it is the hand-over and not the lease).
 const soakLease = 5 * time.Second
 
 // hookLog is a webhook receiver's record: for each run and event type,
@@ -68,8 +68,8 @@ type soakRun struct {
 // of mixed lengths, then starting it again. Every run completes; its
 // events read back numbered without gap or repeat, one role chunk and one
 // end; each run.completed webhook came under one id; each orphaned run was
-// taken over within the lease plus 5 s, and a stopped replica's within a
-// second; SIGTERM ends the replica cleanly, a reader on it ending without
+// taken over within the lease plus 5 s, and a stopped replica's at once
+// (under 2 s); SIGTERM ends the replica cleanly, a reader on it ending without
 // [DONE] and resuming on the other from its last event id.
 func TestReplicaSoak(t *testing.T) {
 	if testing.Short() {
@@ -173,7 +173,9 @@ func TestReplicaSoak(t *testing.T) {
 		// Each run still running when its replica stopped is taken over.
 		bound := soakLease + 5*time.Second
 		if !round.kill {
-			bound = time.Second
+			// Measured 79–304 ms; the bound leaves a loaded CI room and
+			// stays far below the lease (a hand-over, not an expiry).
+			bound = 2 * time.Second
 		}
 		for _, r := range append(silent, runs...) {
 			var took time.Time

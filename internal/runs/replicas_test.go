@@ -266,7 +266,8 @@ func TestCancelRecordedWithoutRecorder(t *testing.T) {
 			r = f.get(t, id)
 			return r["status"] != "running"
 		})
-		if took := time.Since(answered); r["status"] != "cancelled" || took > time.Second {
+		// Within a second, measured; the bound leaves a loaded machine room.
+		if took := time.Since(answered); r["status"] != "cancelled" || took > 2*time.Second {
 			t.Fatalf("%v after the cancel: %v", took, r)
 		}
 		evs := events(t, f.replica.URL, e.WorkspaceKey, e.InternID, id, "", "")
@@ -329,16 +330,16 @@ func TestGracefulStopHandsOver(t *testing.T) {
 		var lines []string
 		select {
 		case lines = <-restDone:
-		case <-time.After(time.Second):
-			t.Fatal("the REST reader's stream still open a second after the stop")
+		case <-time.After(2 * time.Second):
+			t.Fatal("the REST reader's stream still open 2 s after the stop")
 		}
 		select {
 		case err := <-connectDone:
 			if connect.CodeOf(err) != connect.CodeUnavailable {
 				t.Fatalf("the Connect reader's end: %v", err)
 			}
-		case <-time.After(time.Second):
-			t.Fatal("the Connect reader's stream still open a second after the stop")
+		case <-time.After(2 * time.Second):
+			t.Fatal("the Connect reader's stream still open 2 s after the stop")
 		}
 		lastID := ""
 		for _, l := range lines {
@@ -355,7 +356,7 @@ func TestGracefulStopHandsOver(t *testing.T) {
 		testutil.Eventually(t, 5*time.Second, "the other replica takes the run over", func() bool {
 			return tookOver(b.logs.String(), id) == 1
 		})
-		if took := time.Since(stopped); took > 1500*time.Millisecond {
+		if took := time.Since(stopped); took > 2*time.Second {
 			t.Errorf("taken over %v after the stop", took)
 		}
 		// The reader resumes through the other replica.
