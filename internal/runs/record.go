@@ -427,16 +427,13 @@ func (m *Manager) Run(ctx context.Context) {
 	// ends its run then, not at the next look.
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
-	var lastRetention, lastExpiry time.Time
-	look := true
+	var lastRetention time.Time
 	for {
 		m.takeOver(ctx)
-		if look || time.Since(lastExpiry) > max(m.Config.Lease/3, 100*time.Millisecond) {
-			// A pause recorded by another replica is found here.
-			lastExpiry, look = time.Now(), false
-			m.expirePaused(ctx)
-			expiry.Reset(m.nextExpiry(ctx))
-		}
+		// Every look, not only here: a question another replica recorded
+		// (perhaps killed since) expires within a look of its deadline.
+		m.expirePaused(ctx)
+		expiry.Reset(m.nextExpiry(ctx))
 		if time.Since(lastRetention) > 10*time.Minute {
 			lastRetention = time.Now()
 			m.retain(ctx)
@@ -448,9 +445,7 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-scan.C:
 		case <-expiry.C:
-			look = true
 		case <-m.paused:
-			look = true
 		}
 	}
 }
