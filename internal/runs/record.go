@@ -429,6 +429,7 @@ func (m *Manager) Run(ctx context.Context) {
 	defer expiry.Stop()
 	var lastRetention time.Time
 	for {
+		m.stayAlive(ctx)
 		m.takeOver(ctx)
 		// Every look, not only here: a question another replica recorded
 		// (perhaps killed since) expires within a look of its deadline.
@@ -474,27 +475,54 @@ func (m *Manager) takeOver(ctx context.Context) {
 		return
 	}
 	now := m.now()
-	var ids []string
-	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id").Where("status = ?", store.RunRunning).
-		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &ids)
+	var free []struct {
+		ID    string `bun:"id"`
+		Owner string `bun:"lease_owner"`
+	}
+	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
+		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
 	if err != nil {
 		return
 	}
-	for _, id := range ids {
+	lapsed := len(free)
+	if m.DB.Dialect().Name() == dialect.PG {
+		// Runs whose recorder died (its liveness lock is free), their
+		// lease not passed yet: a killed gateway's runs, taken over now.
+		var dead []struct {
+			ID    string `bun:"id"`
+			Owner string `bun:"lease_owner"`
+		}
+		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
+			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.In([]string{"", m.owner})).
+			Where(`NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND l.classid = ? AND l.objid = (hashtext("run".lease_owner)::bigint & 4294967295)::oid AND l.objsubid = 2)`, liveNS).
+			OrderExpr("created_at").Limit(100).Scan(ctx, &dead)
+		if err == nil {
+			free = append(free, dead...)
+		}
+	}
+	for i, r := range free {
 		if room <= 0 || m.ctx.Err() != nil {
 			return
 		}
-		if m.owns(id) {
+		if m.owns(r.ID) {
 			continue
 		}
-		res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
-			Where("id = ?", id).Where("status = ?", store.RunRunning).Where("lease_until IS NULL OR lease_until < ?", now).Exec(ctx)
+		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
+			Where("id = ?", r.ID).Where("status = ?", store.RunRunning)
+		if i < lapsed {
+			q = q.Where("lease_until IS NULL OR lease_until < ?", now)
+		} else {
+			q = q.Where("lease_owner = ?", r.Owner) // still the dead one's
+		}
+		res, err := q.Exec(ctx)
 		if err != nil {
 			return
 		}
 		if n, _ := res.RowsAffected(); n == 1 {
 			room--
-			m.adopt(id)
+			m.adopt(r.ID)
 		}
 	}
 }

@@ -374,3 +374,33 @@ func TestGracefulStopHandsOver(t *testing.T) {
 		}
 	})
 }
+
+// On PostgreSQL a gateway holds a lock for as long as it lives: a run
+// whose recorder died is taken over at once, its lease not passed, while
+// a live recorder's runs are left to it. Before, a killed gateway's runs
+// waited for their lease (30 s by default).
+func TestKilledRecorderTakenOverBeforeLease(t *testing.T) {
+	db := storetest.Postgres(t)
+	f := newFixture(t, db, nil)
+	e := f.e
+	r := f.newReplica(t, time.Minute, nil)
+	// A live recorder's run: not taken.
+	live := f.start(t, bg("$ sleep 2; echo live"))["id"].(string)
+	// A dead recorder's run, its lease a minute off.
+	dead := f.start(t, bg("$ sleep 2; echo dead"))["id"].(string)
+	until := time.Now().Add(time.Minute)
+	if _, err := db.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", "gw_killed").Set("lease_until = ?", until).
+		Where("id = ?", dead).Exec(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	orphaned := time.Now()
+	f.waitStatus(t, dead, "completed")
+	if took := time.Since(orphaned); took > 10*time.Second || tookOver(r.logs.String(), dead) != 1 {
+		t.Fatalf("the dead recorder's run completed %v after; taken over %d times", took, tookOver(r.logs.String(), dead))
+	}
+	checkEvents(t, f.replica.URL, e.WorkspaceKey, e.InternID, dead, "dead")
+	f.waitStatus(t, live, "completed")
+	if n := tookOver(r.logs.String(), live); n != 0 {
+		t.Fatalf("a live recorder's run was taken over %d times", n)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -148,6 +149,10 @@ type Manager struct {
 	closeOnce sync.Once
 	stopping  chan struct{} // closed by Close: readers here end, to resume elsewhere
 
+	aliveMu   sync.Mutex
+	alive     *sql.Conn // holds this process's liveness lock (PostgreSQL)
+	alivePing time.Time
+
 	paused chan struct{} // a run paused here: Run looks at its deadline
 
 	mu      sync.Mutex
@@ -195,7 +200,57 @@ func (m *Manager) Close() {
 			Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
 			m.Log.Warn("release background runs", "err", err)
 		}
+		m.aliveMu.Lock()
+		if m.alive != nil {
+			dropConn(m.alive)
+			m.alive = nil
+		}
+		m.aliveMu.Unlock()
 	})
+}
+
+// liveNS is the first key of the advisory lock a gateway holds on
+// PostgreSQL for as long as it lives (the second: hashtext of its lease
+// name). PostgreSQL frees it when the process dies (its connection
+// closes), so other gateways see a killed recorder at once (ADR 0923).
+const liveNS = 0x636f6872
+
+// stayAlive takes, or checks every few seconds, this process's liveness
+// lock on a connection of its own (PostgreSQL only). Errors are left to
+// the next call: meanwhile the leases still hold.
+func (m *Manager) stayAlive(ctx context.Context) {
+	if m.DB.Dialect().Name() != dialect.PG || m.ctx.Err() != nil {
+		return
+	}
+	m.aliveMu.Lock()
+	defer m.aliveMu.Unlock()
+	if m.alive != nil {
+		if time.Since(m.alivePing) < 2*time.Second {
+			return
+		}
+		if err := m.alive.PingContext(ctx); err == nil {
+			m.alivePing = time.Now()
+			return
+		}
+		dropConn(m.alive)
+		m.alive = nil
+	}
+	c, err := m.DB.DB.Conn(ctx)
+	if err != nil {
+		return
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", liveNS, m.owner); err != nil {
+		dropConn(c)
+		return
+	}
+	m.alive, m.alivePing = c, time.Now()
+}
+
+// dropConn closes a connection rather than return it to the pool (with
+// the lock it holds).
+func dropConn(c *sql.Conn) {
+	c.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck
+	c.Close()
 }
 
 // errStopping ends a reader's event stream on a gateway that stops: it
@@ -342,6 +397,7 @@ func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (
 	lease := now.Add(m.Config.Lease)
 	r := &store.Run{ID: "run_" + randomID(18), OrganizationID: in.OrganizationID, WorkspaceID: in.WorkspaceID, InternID: in.ID,
 		Caller: caller, Status: store.RunRunning, LeaseOwner: m.owner, LeaseUntil: &lease, CreatedAt: now, UpdatedAt: now}
+	m.stayAlive(ctx) // before the run is ours: others see this process live
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if m.DB.Dialect().Name() == dialect.PG {
 			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext(?))", "cohort.runs:"+in.WorkspaceID); err != nil {
