@@ -229,33 +229,7 @@ func TestReplicaSoak(t *testing.T) {
 			t.Fatalf("run %s (%s): %v", r.id, r.marker, run)
 		}
 		evs := runEvents(t, gws[1], c.WK, r.intern, r.id, 0)
-		roles, finals, text := 0, 0, ""
-		for i, ev := range evs {
-			if ev.id != int64(i+1) {
-				t.Fatalf("run %s: event %d has id %d: a gap or a repeat", r.id, i, ev.id)
-			}
-			var ch struct {
-				Choices []struct {
-					Delta struct {
-						Role    *string `json:"role"`
-						Content *string `json:"content"`
-					} `json:"delta"`
-				} `json:"choices"`
-			}
-			if err := json.Unmarshal([]byte(ev.data), &ch); err != nil {
-				t.Fatal(err)
-			}
-			if len(ch.Choices) == 0 {
-				finals++
-				continue
-			}
-			if ch.Choices[0].Delta.Role != nil {
-				roles++
-			}
-			if c := ch.Choices[0].Delta.Content; c != nil {
-				text += *c
-			}
-		}
+		roles, finals, text := readRun(t, evs)
 		if roles != 1 || finals != 1 || !strings.Contains(text, r.marker) || int64(run["last_event_id"].(float64)) != int64(len(evs)) {
 			t.Fatalf("run %s: %d role chunks, %d ends, text %q, %d events for last_event_id %v", r.id, roles, finals, text, len(evs), run["last_event_id"])
 		}
