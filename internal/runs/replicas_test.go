@@ -404,3 +404,42 @@ func TestKilledRecorderTakenOverBeforeLease(t *testing.T) {
 		t.Fatalf("a live recorder's run was taken over %d times", n)
 	}
 }
+
+// A cancel through a replica while another, live, records the run: the
+// recording moves to the replica asked, the live recorder lets go at its
+// next write, and the run's chunks and its end are recorded once.
+func TestCancelMovesRecordingFromLiveRecorder(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *bun.DB) {
+		f := newFixture(t, db, nil)
+		e := f.e
+		n := &ends{}
+		e.Server.Runs.Notifier = n
+		r0 := f.newReplica(t, 0, n)
+		id := f.start(t, bg("$ sleep 20; echo never"))["id"].(string)
+		req, _ := http.NewRequest("POST", r0.url+server.Prefix+"/interns/"+e.InternID+"/runs/"+id+"/cancel", nil)
+		req.Header.Set("Authorization", "Bearer "+e.WorkspaceKey)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("cancel: %d", res.StatusCode)
+		}
+		f.waitStatus(t, id, "cancelled")
+		evs := events(t, f.replica.URL, e.WorkspaceKey, e.InternID, id, "", "")
+		contiguous(t, evs, 1)
+		finals := 0
+		for _, ev := range evs {
+			if strings.Contains(ev.data, `"choices":[]`) {
+				finals++
+			}
+		}
+		if finals != 1 {
+			t.Fatalf("%d ends in %d events", finals, len(evs))
+		}
+		if got := n.of(id); len(got) != 1 || got[0] != "run.cancelled" {
+			t.Fatalf("told %v", got)
+		}
+	})
+}
