@@ -17,7 +17,6 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/buildinfo"
 	"github.com/cohort-dev/cohort/internal/config"
-	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/interncmd"
 	"github.com/cohort-dev/cohort/internal/store"
 )
@@ -109,15 +108,6 @@ func openDB(ctx context.Context, cfg config.Config) (*bun.DB, error) {
 		return nil, err
 	}
 	return db, nil
-}
-
-// loadKEK loads the configured key-encryption key. The default file in the
-// data directory is created on first use; an operator-supplied one must exist.
-func loadKEK(cfg config.Config) (*envelope.KEK, error) {
-	if cfg.KEKFile != "" {
-		return envelope.Load(cfg.KEKFile)
-	}
-	return envelope.LoadOrCreate(cfg.KEKPath())
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/bootstrap"
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/metrics"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/safehttp"
@@ -90,6 +91,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--http-tool-ca-file (COHORT_HTTP_TOOL_CA_FILE): %w", err)
 		}
 	}
+	// Every setting is checked before anything is opened or written
+	// (issue 43): a wrong one leaves no database, KEK or bootstrap keys.
+	if err := server.CheckSettings(cfg); err != nil {
+		return err
+	}
+	deps := server.Deps{}
+	if cfg.KEKFile != "" {
+		if deps.KEK, err = envelope.Load(cfg.KEKFile); err != nil {
+			return fmt.Errorf("--kek-file (COHORT_KEK_FILE): %w", err)
+		}
+	} else if _, err := os.Stat(cfg.KEKPath()); err == nil {
+		if deps.KEK, err = envelope.Load(cfg.KEKPath()); err != nil {
+			return err
+		}
+	}
 	cfg.AgentBaseURL = env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL"))
 	cfg.AgentAPIKey = env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	cfg.AgentEnv = config.AgentEnv(os.Environ())
@@ -128,6 +144,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer db.Close()
+	if deps.KEK == nil {
+		// The first start: created beside the database, before any key
+		// that it will protect is shown.
+		if deps.KEK, err = envelope.LoadOrCreate(cfg.KEKPath()); err != nil {
+			return err
+		}
+	}
 
 	if !cfg.NoBootstrap {
 		res, err := bootstrap.Run(ctx, db)
@@ -145,10 +168,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	deps := server.Deps{DB: db, Log: log}
-	if deps.KEK, err = loadKEK(cfg); err != nil {
-		return err
-	}
+	deps.DB, deps.Log = db, log
 	if path, ok := store.SQLiteFile(cfg.DatabaseURL, cfg.DataDir); ok {
 		// Exchanges read beside the one writer connection (WAL).
 		if deps.Reads, err = store.OpenSQLiteReads(ctx, path, 4); err != nil {
@@ -183,6 +203,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "Cohort is listening on http://%s (API under %s)\n", ln.Addr(), server.Prefix)
 	log.Info("listening", "addr", ln.Addr().String())
 
+	// A graceful stop hands the background runs over at once and ends
+	// the run event streams, which would otherwise hold Shutdown.
+	hs.RegisterOnShutdown(srv.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -194,7 +217,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+		// A stop asked for is not a failure: what is still open at the
+		// timeout (a long chat stream) is cut.
+		log.Warn("connections still open at the shutdown timeout were closed", "timeout", cfg.ShutdownTimeout.String(), "err", err)
+		hs.Close()
 	}
 	return nil
 }

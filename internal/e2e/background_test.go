@@ -52,34 +52,7 @@ func TestBackgroundRunSurvivesGatewayKill(t *testing.T) {
 				t.Fatalf("the new gateway did not take the run over:\n%s", gw.stderr)
 			}
 			evs := runEvents(t, gw, c.WK, d.id, id, 0)
-			roles, finals, text := 0, 0, ""
-			for i, ev := range evs {
-				if ev.id != int64(i+1) {
-					t.Fatalf("event %d has id %d: a gap or a repeat", i, ev.id)
-				}
-				var ch struct {
-					Choices []struct {
-						Delta struct {
-							Role    *string `json:"role"`
-							Content *string `json:"content"`
-						} `json:"delta"`
-						FinishReason *string `json:"finish_reason"`
-					} `json:"choices"`
-				}
-				if err := json.Unmarshal([]byte(ev.data), &ch); err != nil {
-					t.Fatal(err)
-				}
-				if len(ch.Choices) == 0 {
-					finals++
-					continue
-				}
-				if ch.Choices[0].Delta.Role != nil {
-					roles++
-				}
-				if c := ch.Choices[0].Delta.Content; c != nil {
-					text += *c
-				}
-			}
+			roles, finals, text := readRun(t, evs)
 			if roles != 1 || finals != 1 || !strings.Contains(text, "survived") || int64(run["last_event_id"].(float64)) != int64(len(evs)) {
 				t.Fatalf("%d role chunks, %d final chunks, text %q, %d events for last_event_id %v", roles, finals, text, len(evs), run["last_event_id"])
 			}
@@ -106,6 +79,39 @@ func getRun(t *testing.T, gw *proc, key, intern, id string) map[string]any {
 		t.Fatalf("get run: %d %s", res.StatusCode, raw)
 	}
 	return m
+}
+
+// readRun checks a run's events are numbered 1.. without gap or repeat
+// and counts its role chunks and ends, with its text.
+func readRun(t *testing.T, evs []runEvent) (roles, finals int, text string) {
+	t.Helper()
+	for i, ev := range evs {
+		if ev.id != int64(i+1) {
+			t.Fatalf("event %d has id %d: a gap or a repeat", i, ev.id)
+		}
+		var ch struct {
+			Choices []struct {
+				Delta struct {
+					Role    *string `json:"role"`
+					Content *string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(ev.data), &ch); err != nil {
+			t.Fatal(err)
+		}
+		if len(ch.Choices) == 0 {
+			finals++
+			continue
+		}
+		if ch.Choices[0].Delta.Role != nil {
+			roles++
+		}
+		if c := ch.Choices[0].Delta.Content; c != nil {
+			text += *c
+		}
+	}
+	return roles, finals, text
 }
 
 type runEvent struct {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -249,14 +250,29 @@ func usageFrom(s string) *cohortv1.ChatUsage {
 }
 
 // follow records the rest of a run's stream in the background, renewing
-// the lease as it goes. A stream that ends by the gateway's own doing (a
-// budget passed, the daemon's stream broke) leaves the daemon's detached
-// run going: it is cancelled.
+// the lease as it goes.
 func (m *Manager) follow(ctx context.Context, cancel context.CancelFunc, id string, in *store.Intern, st *chat.Stream) {
+	if !m.hold(ctx, cancel, id, func() { m.followStream(ctx, id, in, st) }) {
+		st.Close()
+	}
+}
+
+// hold runs work on its own goroutine while this process records run id:
+// the lease is renewed from now until work returns (or another took the
+// run: ctx is then cancelled). Once Close began it runs nothing, releases
+// the run and returns false.
+func (m *Manager) hold(ctx context.Context, cancel context.CancelFunc, id string, work func()) bool {
 	m.mu.Lock()
+	if m.ctx.Err() != nil {
+		// Closed meanwhile: the run is another gateway's to take.
+		m.mu.Unlock()
+		cancel()
+		m.release(id)
+		return false
+	}
 	m.owned[id] = true
+	m.wg.Add(1) // under mu: Close cancels under it, then waits
 	m.mu.Unlock()
-	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		defer func() {
@@ -265,41 +281,49 @@ func (m *Manager) follow(ctx context.Context, cancel context.CancelFunc, id stri
 			m.mu.Unlock()
 		}()
 		defer cancel()
-		defer st.Close()
 		go m.heartbeat(ctx, cancel, id)
-		var last *store.Run
-		cancelDaemon := false
-		for {
-			ev, chunks, err := st.NextEvent()
-			if err != nil {
-				if err != io.EOF {
-					return // shutting down, or the lease was lost
-				}
-				break
-			}
-			r, err := m.recordRetry(ctx, id, ev, chunks)
-			if err != nil {
-				if !errors.Is(err, errLost) && ctx.Err() == nil {
-					// Another pass (this gateway's or another's) takes the
-					// run over from the last event recorded.
-					m.Log.Error("record a background run; it will be taken over", "run", id, "err", err)
-					m.release(id)
-				}
-				return
-			}
-			last = r
-			if ev == nil && r.Status == store.RunFailed {
-				cancelDaemon = true
-			}
-		}
-		if last != nil && (cancelDaemon || st.TimedOut() || (last.Status == store.RunCancelled && last.CancelRequested)) {
-			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer ccancel()
-			if _, err := m.Chat.Cancel(cctx, in, last.SessionID); err != nil {
-				m.Log.Warn("cancel the daemon's run of an ended background run", "run", id, "err", err)
-			}
-		}
+		work()
 	}()
+	return true
+}
+
+// followStream records a run's daemon stream to its end. A stream that
+// ends by the gateway's own doing (a budget passed, the daemon's stream
+// broke) leaves the daemon's detached run going: it is cancelled.
+func (m *Manager) followStream(ctx context.Context, id string, in *store.Intern, st *chat.Stream) {
+	defer st.Close()
+	var last *store.Run
+	cancelDaemon := false
+	for {
+		ev, chunks, err := st.NextEvent()
+		if err != nil {
+			if err != io.EOF {
+				return // shutting down, or the lease was lost
+			}
+			break
+		}
+		r, err := m.recordRetry(ctx, id, ev, chunks)
+		if err != nil {
+			if !errors.Is(err, errLost) && ctx.Err() == nil {
+				// Another pass (this gateway's or another's) takes the
+				// run over from the last event recorded.
+				m.Log.Error("record a background run; it will be taken over", "run", id, "err", err)
+				m.release(id)
+			}
+			return
+		}
+		last = r
+		if ev == nil && r.Status == store.RunFailed {
+			cancelDaemon = true
+		}
+	}
+	if last != nil && (cancelDaemon || st.TimedOut() || (last.Status == store.RunCancelled && last.CancelRequested)) {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer ccancel()
+		if _, err := m.Chat.Cancel(cctx, in, last.SessionID); err != nil {
+			m.Log.Warn("cancel the daemon's run of an ended background run", "run", id, "err", err)
+		}
+	}
 }
 
 // recordRetry is record, retried a few times over a database that fails.
@@ -391,31 +415,36 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 }
 
 // Run takes over the running runs no gateway records (their lease passed:
-// a gateway was killed, or stopped), ends paused runs whose question
-// expired, and deletes ended runs past the retention, until ctx ends or
-// Close.
+// a gateway was killed; or was released: a gateway stopped), each on its
+// own goroutine; ends paused runs whose question expired; and deletes ended
+// runs past the retention, until ctx ends or Close. It looks for runs to
+// take over every Config.Scan, so a stopped gateway's runs are recorded
+// again within it.
 func (m *Manager) Run(ctx context.Context) {
-	t := time.NewTicker(max(m.Config.Lease/3, 100*time.Millisecond))
-	defer t.Stop()
+	scan := time.NewTicker(m.Config.Scan)
+	defer scan.Stop()
 	// Wakes at the next paused run's deadline, so that an expired question
-	// ends its run then, not at the next tick.
+	// ends its run then, not at the next look.
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
 	var lastRetention time.Time
 	for {
+		m.stayAlive(ctx)
 		m.takeOver(ctx)
+		// Every look, not only here: a question another replica recorded
+		// (perhaps killed since) expires within a look of its deadline.
 		m.expirePaused(ctx)
+		expiry.Reset(m.nextExpiry(ctx))
 		if time.Since(lastRetention) > 10*time.Minute {
 			lastRetention = time.Now()
 			m.retain(ctx)
 		}
-		expiry.Reset(m.nextExpiry(ctx))
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.ctx.Done():
 			return
-		case <-t.C:
+		case <-scan.C:
 		case <-expiry.C:
 		case <-m.paused:
 		}
@@ -435,38 +464,107 @@ func (m *Manager) nextExpiry(ctx context.Context) time.Duration {
 	return min(time.Hour, max(time.Millisecond, next[0].Add(m.Config.PauseGrace+5*time.Millisecond).Sub(m.now())))
 }
 
+// takeOver claims the running runs whose lease passed, as many as this
+// process may take over at once, each with a conditional update (exactly
+// one gateway wins a run), and follows each on its own goroutine.
 func (m *Manager) takeOver(ctx context.Context) {
+	m.mu.Lock()
+	room := m.Config.Takeovers - m.taking
+	m.mu.Unlock()
+	if room <= 0 {
+		return
+	}
 	now := m.now()
-	var ids []string
-	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id").Where("status = ?", store.RunRunning).
-		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &ids)
+	var free []struct {
+		ID    string `bun:"id"`
+		Owner string `bun:"lease_owner"`
+	}
+	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
+		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
 	if err != nil {
 		return
 	}
-	for _, id := range ids {
-		m.mu.Lock()
-		mine := m.owned[id]
-		m.mu.Unlock()
-		if mine {
+	lapsed := len(free)
+	if m.DB.Dialect().Name() == dialect.PG {
+		// Runs whose recorder died (its liveness lock is free), their
+		// lease not passed yet: a killed gateway's runs, taken over now.
+		var dead []struct {
+			ID    string `bun:"id"`
+			Owner string `bun:"lease_owner"`
+		}
+		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
+			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.In([]string{"", m.owner})).
+			Where(`NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND l.classid = ? AND l.objid = (hashtext("run".lease_owner)::bigint & 4294967295)::oid AND l.objsubid = 2)`, liveNS).
+			OrderExpr("created_at").Limit(100).Scan(ctx, &dead)
+		if err == nil {
+			free = append(free, dead...)
+		}
+	}
+	for i, r := range free {
+		if room <= 0 || m.ctx.Err() != nil {
+			return
+		}
+		if m.owns(r.ID) {
 			continue
 		}
-		res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
-			Where("id = ?", id).Where("status = ?", store.RunRunning).Where("lease_until IS NULL OR lease_until < ?", now).Exec(ctx)
+		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
+			Where("id = ?", r.ID).Where("status = ?", store.RunRunning)
+		if i < lapsed {
+			q = q.Where("lease_until IS NULL OR lease_until < ?", now)
+		} else {
+			q = q.Where("lease_owner = ?", r.Owner) // still the dead one's
+		}
+		res, err := q.Exec(ctx)
 		if err != nil {
 			return
 		}
 		if n, _ := res.RowsAffected(); n == 1 {
-			m.resume(ctx, id)
+			room--
+			m.adopt(r.ID)
 		}
 	}
 }
 
+// adopt records a run whose lease this process has just claimed: from
+// now on its lease is renewed (so it cannot pass while the daemon is
+// silent), and its daemon's stream is attached to and followed on a
+// goroutine of its own, so no run waits for another's daemon.
+func (m *Manager) adopt(id string) {
+	m.mu.Lock()
+	m.taking++
+	m.mu.Unlock()
+	done := sync.OnceFunc(func() {
+		m.mu.Lock()
+		m.taking--
+		m.mu.Unlock()
+	})
+	m.Log.Info("took over a background run", "run", id)
+	ctx, cancel := context.WithCancel(m.ctx)
+	held := m.hold(ctx, cancel, id, func() {
+		defer done()
+		in, st := m.resume(ctx, id)
+		done()
+		if st != nil {
+			m.followStream(ctx, id, in, st)
+		}
+	})
+	if !held {
+		done()
+	}
+}
+
 // resume attaches to the daemon's run from the event after the last one
-// recorded, and records the rest.
-func (m *Manager) resume(ctx context.Context, id string) {
+// recorded; nil when it cannot (the run failed, or is left for another
+// try once its lease passes).
+func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.Stream) {
 	var r store.Run
 	if err := m.DB.NewSelect().Model(&r).Where("id = ?", id).Scan(ctx); err != nil {
-		return
+		return nil, nil
+	}
+	if r.LeaseOwner != m.owner || r.Status != store.RunRunning {
+		return nil, nil // taken since, or ended
 	}
 	fail := func(e *apierr.Error) {
 		if _, err := m.end(ctx, id, store.RunRunning, store.RunFailed, e); err != nil {
@@ -475,32 +573,57 @@ func (m *Manager) resume(ctx context.Context, id string) {
 	}
 	if r.SessionID == "" || r.DaemonRunID == "" {
 		fail(apierr.New(http.StatusBadGateway, "stream_severed", "the gateway stopped before the run started"))
-		return
+		return nil, nil
 	}
 	var in store.Intern
 	if err := m.DB.NewSelect().Model(&in).Where("id = ?", r.InternID).Scan(ctx); err != nil || in.State == store.InternDeleted {
 		fail(apierr.New(http.StatusGone, "run_ended", "the intern of the run is gone"))
-		return
+		return nil, nil
 	}
 	id0, created := r.CompletionID, r.CompletionCreated
 	if !r.SegmentOpen || id0 == "" {
 		id0, created = "chatcmpl-"+randomID(18), m.now().Unix()
 	}
-	rctx, cancel := context.WithCancel(m.ctx)
-	st, err := m.Chat.Reattach(rctx, &in, chat.Resume{SessionID: r.SessionID, DaemonRunID: r.DaemonRunID, From: uint64(r.DaemonSeq) + 1,
-		ID: id0, Created: created, RoleSent: r.SegmentOpen, Usage: usageFrom(r.Usage)})
-	if err != nil {
-		cancel()
+	// The former recorder may still be attached for a moment (the daemon
+	// lets one reader attach): its connection closing, or its next write
+	// finding the lease gone, lets go. Tried again meanwhile, the lease
+	// held, for up to a lease.
+	var st *chat.Stream
+	var err error
+	for wait, began := 100*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
+		st, err = m.Chat.Reattach(ctx, &in, chat.Resume{SessionID: r.SessionID, DaemonRunID: r.DaemonRunID, From: uint64(r.DaemonSeq) + 1,
+			ID: id0, Created: created, RoleSent: r.SegmentOpen, Usage: usageFrom(r.Usage)})
+		if err == nil || ctx.Err() != nil {
+			break
+		}
 		e := apierr.From(err)
-		transient := (e.Status == http.StatusConflict && e.Reason == "attachment_failed") || e.Reason == "intern_unreachable" || e.Reason == "intern_not_ready"
-		if transient && m.now().Sub(r.UpdatedAt) < 10*m.Config.Lease {
-			return // tried again once this lease passes
+		if !transient(e) || time.Since(began)+wait > m.Config.Lease {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil // stopping, or another holds the run now
+		}
+		e := apierr.From(err)
+		if transient(e) && m.now().Sub(r.UpdatedAt) < 10*m.Config.Lease {
+			return nil, nil // tried again once this lease passes
 		}
 		fail(e)
-		return
+		return nil, nil
 	}
-	m.Log.Info("took over a background run", "run", id, "from_seq", r.DaemonSeq+1)
-	m.follow(rctx, cancel, id, &in, st)
+	m.Log.Debug("attached to a background run's daemon", "run", id, "from_seq", r.DaemonSeq+1)
+	return &in, st
+}
+
+// transient: a refusal to attach that may pass (another reader still
+// attached, the daemon away a moment).
+func transient(e *apierr.Error) bool {
+	return (e.Status == http.StatusConflict && e.Reason == "attachment_failed") || e.Reason == "intern_unreachable" || e.Reason == "intern_not_ready"
 }
 
 func (m *Manager) expirePaused(ctx context.Context) {

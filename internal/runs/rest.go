@@ -150,12 +150,34 @@ func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, ru
 			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
 				return nil, err
 			}
+			m.recordHere(ctx, run.ID)
 		}
 	default:
 		return nil, apierr.Conflict("run_ended", "the run has already ended: it is %s", run.Status)
 	}
 	_, run, err = m.load(ctx, p, in.ID, run.ID)
 	return run, err
+}
+
+// recordHere makes this process the recorder of a running run it does not
+// record: its gateway may have been killed, its lease not passed yet, and
+// the daemon's end of the run would then wait for the lease to show. The
+// lease moves here at once (a live recorder's next write finds it gone and
+// stops; nothing is recorded twice) and the rest is attached to from the
+// last recorded event (ADR 0922).
+func (m *Manager) recordHere(ctx context.Context, id string) {
+	if m.owns(id) || m.ctx.Err() != nil {
+		return
+	}
+	res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", m.now().Add(m.Config.Lease)).
+		Where("id = ?", id).Where("status = ?", store.RunRunning).Where("lease_owner <> ?", m.owner).Exec(ctx)
+	if err != nil {
+		m.Log.Warn("record a cancelled background run here", "run", id, "err", err)
+		return
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		m.adopt(id)
+	}
 }
 
 // eventsBatch bounds the chunks read per query.
@@ -165,7 +187,9 @@ const eventsBatch = 256
 // batch, live until the run has ended (then it returns nil); a paused
 // run's tail waits until the run goes on or ends. keepalive, when not
 // nil, is called after Config.Keepalive of silence. It returns send's or
-// keepalive's error, or the context's. Both doors' event streams are this
+// keepalive's error, or the context's; a 503 temporarily_unavailable once
+// this gateway stops (Close), whose readers resume elsewhere from their
+// last event. Both doors' event streams are this
 // loop; the caller loads the run first (GetRun), so that a refusal comes
 // before its stream opens.
 func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send func([]store.RunEvent) error, keepalive func() error) error {
@@ -213,6 +237,8 @@ func (m *Manager) Tail(ctx context.Context, run *store.Run, after int64, send fu
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-m.stopping:
+			return errStopping
 		case <-wake:
 		case <-poll.C:
 		case <-keep.C:
@@ -325,7 +351,9 @@ func (m *Manager) Events(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		write([]byte("data: [DONE]\n\n")) //nolint:errcheck
 	}
-	// Otherwise the run was deleted or the caller left: the stream just ends.
+	// Otherwise the run was deleted, the caller left, or this gateway
+	// stops (errStopping): the stream just ends, without [DONE], and an
+	// EventSource reconnects with Last-Event-ID (another replica).
 }
 
 // errAfter refuses a resume point that is not a sequence number.

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -61,6 +62,8 @@ const (
 	DefaultRetention     = 7 * 24 * time.Hour
 	DefaultLease         = 30 * time.Second
 	DefaultPoll          = 250 * time.Millisecond
+	DefaultScan          = 500 * time.Millisecond
+	DefaultTakeovers     = 32
 )
 
 // Config are the settings of background runs; zero values take the
@@ -88,6 +91,14 @@ type Config struct {
 	// sends a keepalive, so that idle proxies keep a paused run's stream
 	// open; sse.DefaultKeepalive (the spec's 30 s) when 0.
 	Keepalive time.Duration
+	// Scan is how often Run looks for running runs no gateway holds (a
+	// lease released by a gateway that stopped, or passed): a stopped
+	// gateway's runs are taken over within it (ADR 0921).
+	Scan time.Duration
+	// Takeovers bounds the runs this process is taking over at once
+	// (claimed, not yet attached to their daemon); each is followed on
+	// its own, so none waits for another's daemon.
+	Takeovers int
 }
 
 func (c *Config) defaults() {
@@ -109,6 +120,12 @@ func (c *Config) defaults() {
 	if c.Keepalive <= 0 {
 		c.Keepalive = sse.DefaultKeepalive
 	}
+	if c.Scan <= 0 {
+		c.Scan = DefaultScan
+	}
+	if c.Takeovers <= 0 {
+		c.Takeovers = DefaultTakeovers
+	}
 }
 
 // Manager runs background turns. Start it (Run) once per process.
@@ -129,11 +146,19 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	closeOnce sync.Once
+	stopping  chan struct{} // closed by Close: readers here end, to resume elsewhere
+
+	aliveMu   sync.Mutex
+	alive     *sql.Conn // holds this process's liveness lock (PostgreSQL)
+	alivePing time.Time
+
 	paused chan struct{} // a run paused here: Run looks at its deadline
 
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // run id → closed when it has news
 	owned   map[string]bool          // runs this process records
+	taking  int                      // runs claimed and not yet attached (≤ Config.Takeovers)
 }
 
 // New returns a Manager; nothing runs until Run.
@@ -144,7 +169,8 @@ func New(db *bun.DB, c *chat.Service, ins *interns.Service, log *slog.Logger, cf
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: "gw_" + randomID(9),
-		ctx: ctx, cancel: cancel, paused: make(chan struct{}, 1), waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
+		ctx: ctx, cancel: cancel, stopping: make(chan struct{}), paused: make(chan struct{}, 1),
+		waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
 }
 
 func randomID(n int) string {
@@ -155,18 +181,88 @@ func randomID(n int) string {
 
 func (m *Manager) now() time.Time { return time.Now().UTC() }
 
-// Close stops recording: the runs this process recorded are released (their
-// lease ends now), so another gateway takes them over at once; their daemon
-// runs go on.
+// Close stops recording: the event streams read here end (their readers
+// resume on another replica from their last event id), the recorders stop
+// and the runs this process recorded are released (their lease ends now),
+// so another gateway takes them over within Config.Scan; their daemon runs
+// go on. A gateway calls it as its graceful stop begins (ADR 0921); it may
+// be called more than once, and later calls wait for the first.
 func (m *Manager) Close() {
-	m.cancel()
-	m.wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)).
-		Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
-		m.Log.Warn("release background runs", "err", err)
+	m.closeOnce.Do(func() {
+		close(m.stopping)
+		m.mu.Lock()
+		m.cancel()
+		m.mu.Unlock()
+		m.wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)).
+			Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
+			m.Log.Warn("release background runs", "err", err)
+		}
+		m.aliveMu.Lock()
+		if m.alive != nil {
+			dropConn(m.alive)
+			m.alive = nil
+		}
+		m.aliveMu.Unlock()
+	})
+}
+
+// liveNS is the first key of the advisory lock a gateway holds on
+// PostgreSQL for as long as it lives (the second: hashtext of its lease
+// name). PostgreSQL frees it when the process dies (its connection
+// closes), so other gateways see a killed recorder at once (ADR 0923).
+const liveNS = 0x636f6872
+
+// stayAlive takes, or checks every few seconds, this process's liveness
+// lock on a connection of its own (PostgreSQL only). Errors are left to
+// the next call: meanwhile the leases still hold.
+func (m *Manager) stayAlive(ctx context.Context) {
+	if m.DB.Dialect().Name() != dialect.PG || m.ctx.Err() != nil {
+		return
 	}
+	m.aliveMu.Lock()
+	defer m.aliveMu.Unlock()
+	if m.alive != nil {
+		if time.Since(m.alivePing) < 2*time.Second {
+			return
+		}
+		if err := m.alive.PingContext(ctx); err == nil {
+			m.alivePing = time.Now()
+			return
+		}
+		dropConn(m.alive)
+		m.alive = nil
+	}
+	c, err := m.DB.DB.Conn(ctx)
+	if err != nil {
+		return
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", liveNS, m.owner); err != nil {
+		dropConn(c)
+		return
+	}
+	m.alive, m.alivePing = c, time.Now()
+}
+
+// dropConn closes a connection rather than return it to the pool (with
+// the lock it holds).
+func dropConn(c *sql.Conn) {
+	c.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck
+	c.Close()
+}
+
+// errStopping ends a reader's event stream on a gateway that stops: it
+// resumes on another replica (Last-Event-ID, or after=) with no gap.
+var errStopping = apierr.New(http.StatusServiceUnavailable, "temporarily_unavailable",
+	"this gateway is stopping; resume the run's events from the last event id through another")
+
+// owns says whether this process records run id.
+func (m *Manager) owns(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.owned[id]
 }
 
 // waiter is closed when run id has news (a chunk, a status).
@@ -207,6 +303,9 @@ func (m *Manager) Paused(ctx context.Context, internID, sessionID string) bool {
 
 // Start implements chat.Background.
 func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*chat.BackgroundStart, error) {
+	if m.ctx.Err() != nil {
+		return nil, errStopping // another replica starts it
+	}
 	var in *store.Intern
 	var err error
 	if pl != nil {
@@ -298,6 +397,7 @@ func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (
 	lease := now.Add(m.Config.Lease)
 	r := &store.Run{ID: "run_" + randomID(18), OrganizationID: in.OrganizationID, WorkspaceID: in.WorkspaceID, InternID: in.ID,
 		Caller: caller, Status: store.RunRunning, LeaseOwner: m.owner, LeaseUntil: &lease, CreatedAt: now, UpdatedAt: now}
+	m.stayAlive(ctx) // before the run is ours: others see this process live
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if m.DB.Dialect().Name() == dialect.PG {
 			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext(?))", "cohort.runs:"+in.WorkspaceID); err != nil {

@@ -114,6 +114,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if d.DB == nil || d.KEK == nil || d.Log == nil {
 		return nil, errors.New("server: DB, KEK and Log are required")
 	}
+	if err := CheckSettings(cfg); err != nil {
+		return nil, err
+	}
 	turnRate, err := ratelimit.ParseRate(cfg.TurnRate)
 	if err != nil {
 		return nil, fmt.Errorf("--turn-rate: %w", err)
@@ -261,6 +264,39 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	return s, nil
 }
 
+// CheckSettings checks the settings New reads without opening anything:
+// serve calls it before it writes anything, so that a wrong setting leaves
+// no database, KEK or bootstrap keys behind. Errors name the flag.
+func CheckSettings(cfg config.Config) error {
+	if _, err := ratelimit.ParseRate(cfg.TurnRate); err != nil {
+		return fmt.Errorf("--turn-rate: %w", err)
+	}
+	if _, err := ratelimit.ParseRate(cfg.ExchangeRate); err != nil {
+		return fmt.Errorf("--exchange-rate: %w", err)
+	}
+	if _, err := safehttp.ExtraRootsFromFile(cfg.ExtraCAFile); err != nil {
+		return err
+	}
+	if _, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts); err != nil {
+		return fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
+	}
+	if _, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts); err != nil {
+		return fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
+	}
+	if _, err := cfg.Catalog(); err != nil {
+		return err
+	}
+	if _, err := ParseOrigins(cfg.CORSAllowOrigins); err != nil {
+		return fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
+	}
+	if cfg.Provisioner != "" {
+		if _, err := provision.Lookup(cfg.Provisioner); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Start starts the gateway's own work: the provisioner (the daemons of
 // local interns, the fleet's reconciler) and federation's periodic work
 // (signing key rotation, audit retention).
@@ -277,6 +313,18 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.Runs.Run(rctx)
 	go s.WebhookWorker.Run(rctx)
 	return nil
+}
+
+// Drain begins a graceful stop: the background runs this gateway records
+// are handed over (released at once; another replica takes them over
+// within its runs.Config.Scan) and the run event streams read here end,
+// their readers resuming elsewhere from their last event id. Call it as
+// the HTTP server's shutdown begins, so that no reader holds it until its
+// timeout (ADR 0921). Close does it too.
+func (s *Server) Drain() {
+	if s.Runs != nil {
+		s.Runs.Close()
+	}
 }
 
 // Close stops what Start started and releases what New opened: the
