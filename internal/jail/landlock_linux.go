@@ -25,12 +25,6 @@ import (
 // jail's init) and every sibling command are out of its reach, while the
 // starter still reaches it.
 //
-// On a kernel with Landlock ABI 6 (Linux 6.12) the domain is also scoped:
-// a program may signal, and connect to abstract unix sockets of, only
-// processes of its own or nested domains, so a command can neither stop
-// nor kill its agent, daemon or a sibling command, nor reach a socket one
-// of them listens on outside the file system.
-//
 // The domain restricts nothing else: it handles making block and
 // character devices only (which no program of a jail may do anyway), the
 // one access every Landlock version knows, and grants none.
@@ -61,14 +55,9 @@ func isolate() error {
 		return ErrNoLandlock
 	}
 	attr := unix.LandlockRulesetAttr{Access_fs: unix.LANDLOCK_ACCESS_FS_MAKE_BLOCK | unix.LANDLOCK_ACCESS_FS_MAKE_CHAR}
-	// The first version's size (older kernels know no later field),
-	// unless the kernel scopes signals and abstract sockets (ABI 6).
-	size := uintptr(8)
-	if LandlockABI() >= 6 {
-		attr.Scoped = unix.LANDLOCK_SCOPE_SIGNAL | unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
-		size = unsafe.Sizeof(attr)
-	}
-	fd, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), size, 0)
+	// The first version's size: the fields after it stay unknown to
+	// older kernels and unused here.
+	fd, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), 8, 0)
 	if errno != 0 {
 		return fmt.Errorf("jail: landlock ruleset: %w", errno)
 	}
