@@ -48,3 +48,30 @@ func TestStartFilteredIsolates(t *testing.T) {
 		t.Errorf("the starter cannot follow its program's cwd: %v", err)
 	}
 }
+
+// TestStartFilteredSignalsSiblings: a later command can stop what an
+// earlier one left running (`pkill -f vite`), though neither can open the
+// other's /proc entries (ADR 0044: why Landlock's signal scope is not used).
+func TestStartFilteredSignalsSiblings(t *testing.T) {
+	if jail.LandlockABI() < 1 {
+		t.Skip("no Landlock in this kernel")
+	}
+	server := exec.Command("sleep", "30")
+	if err := jail.StartFiltered(server, jail.SeccompStrict); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { server.Process.Kill(); server.Wait() }()
+	stop := exec.Command("sh", "-c", fmt.Sprintf("kill -TERM %d && echo stopped", server.Process.Pid))
+	var out strings.Builder
+	stop.Stdout, stop.Stderr = &out, &out
+	if err := jail.StartFiltered(stop, jail.SeccompStrict); err != nil {
+		t.Fatal(err)
+	}
+	stop.Wait()
+	if strings.TrimSpace(out.String()) != "stopped" {
+		t.Fatalf("a later command could not stop an earlier one: %q", out.String())
+	}
+	if err := server.Wait(); err == nil {
+		t.Fatal("the earlier command was not stopped")
+	}
+}
