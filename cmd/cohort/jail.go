@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,7 +57,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
 		Placeholder: modelKeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
-		Log: log.With("component", "egress")})
+		UpstreamRoots: pemCerts(toolCA), Log: log.With("component", "egress")})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
@@ -70,6 +72,20 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*localjail.Ja
 		return nil, nil, nil, err
 	}
 	return jc, relay, func() { relay.Close() }, nil
+}
+
+// pemCerts are the certificates of a PEM file (others' blocks skipped).
+func pemCerts(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		if blk, b = pem.Decode(b); blk == nil {
+			return out
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil && blk.Type == "CERTIFICATE" {
+			out = append(out, c)
+		}
+	}
 }
 
 // gatewayReserve is what of the gateway's descriptors is kept for

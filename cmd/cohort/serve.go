@@ -25,6 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
+	"github.com/cohort-dev/cohort/internal/vault"
 )
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -181,6 +182,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer deps.Reads.Close()
 	}
+	var proxyCA *vault.ProxyCA
+	if jc != nil {
+		// The jails trust this CA's certificate; its key stays here
+		// (ADR 0931).
+		if proxyCA, err = vault.LoadProxyCA(ctx, db, deps.KEK, nil); err != nil {
+			return err
+		}
+		jc.ProxyCA = proxyCA.CertPEM()
+	}
 	deps.GatewayURL = localGatewayURL(ln.Addr())
 	var podModels *egress.Relay
 	switch {
@@ -218,6 +228,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// gateway relay serves this handler in process, the intern named
 		// in each request (the exchange limiter keys on it).
 		jailRelay.SetGateway(h)
+		jailRelay.SetSecrets(vault.ProxyDoor{S: srv.Vault, CA: proxyCA})
 	}
 	if err := srv.Start(ctx); err != nil {
 		return err
