@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,6 +195,33 @@ func TestVaultProxy(t *testing.T) {
 		out := run(t, "curl -sS -H 'Host: other.localhost:"+tg.port+"' -H 'Authorization: Bearer {{secret:tok}}' "+target+"/echo 2>&1")
 		if seen := tg.take(); len(seen) != 0 || !strings.Contains(out, "not other.localhost") {
 			t.Errorf("a Host header for another host: the server saw %q, the command printed %q", seen, out)
+		}
+	})
+
+	t.Run("manual mode: the approved command's releases, none for the sandboxed or the rejected", func(t *testing.T) {
+		cmd := "export NO_PROXY= no_proxy=; curl -sS -H 'Authorization: Bearer {{secret:tok}}' " + target + "/manual 2>&1; echo ran-$((40+2))"
+		ask := func() *stream {
+			s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ "+cmd, `"approval_mode":"manual"`)))
+			// The caller approves what it sees: the placeholder, never a value.
+			if in, _ := s.Args["input"].(string); s.Finish != "tool_calls" || !strings.Contains(in, "{{secret:tok}}") {
+				t.Fatalf("pause %q %v", s.Finish, s.Args)
+			}
+			return s
+		}
+		for _, c2 := range []struct {
+			answer string
+			ran    bool // the command ran
+			seen   bool // the host got the value
+		}{{"reject_once", false, false}, {"allow_once", true, false}, {"allow_always", true, true}} {
+			s := ask()
+			r := readAll(t, chat(t, gw, c.WK, c.Demo, s.answer(c2.answer)))
+			if strings.Contains(r.Text, token) || strings.Contains(r.Text, "ran-42") != c2.ran {
+				t.Fatalf("%s: %q", c2.answer, r.Text)
+			}
+			seen := tg.take()
+			if got := slices.ContainsFunc(seen, func(l string) bool { return strings.Contains(l, "Bearer "+token) }); got != c2.seen || len(seen) > 1 {
+				t.Fatalf("%s: the host saw %q", c2.answer, seen)
+			}
 		}
 	})
 
