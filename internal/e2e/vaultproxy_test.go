@@ -25,6 +25,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/agents"
 )
 
 // proxyTarget is an HTTPS server on loopback for two test names,
@@ -239,4 +241,24 @@ func TestVaultProxy(t *testing.T) {
 			t.Fatalf("a private key in the jail: %q", out)
 		}
 	})
+}
+
+// TestVaultProxyAgentShells: each installed third-party agent's own shell
+// tool runs curl with a placeholder in self-drive; the bound host gets the
+// value, the agent's turn shows none (ADR 0931).
+func TestVaultProxyAgentShells(t *testing.T) {
+	for _, p := range agents.All() {
+		t.Run(p.Name, func(t *testing.T) {
+			t.Parallel()
+			a := newAgentGateway(t, p)
+			s := a.turn(t, "cohort-run: export NO_PROXY= no_proxy=; curl -sS -H 'Authorization: Bearer {{secret:target_token}}' https://"+a.target.Host+"/shell && echo shell-4''2",
+				`"approval_mode":"self-drive"`)
+			if !strings.Contains(s.Text, "shell-42") || strings.Contains(s.Text, a.secret) {
+				t.Fatalf("finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			if !slices.Contains(a.target.Auth(), "Bearer "+a.secret) {
+				t.Fatalf("the host saw %q", a.target.Auth())
+			}
+		})
+	}
 }

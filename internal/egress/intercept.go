@@ -154,8 +154,9 @@ func (r *Relay) secretProxy(intern, host, port string) http.Handler {
 				}
 			}
 		},
-		Transport:     r.secretTransport,
-		FlushInterval: -1,
+		Transport: r.secretTransport,
+		// 0: streamed answers (event streams, no length, redacted ones)
+		// are flushed at each write anyway; a download is not.
 		ModifyResponse: func(res *http.Response) error {
 			st := res.Request.Context().Value(secretReqCtx{}).(*secretReq)
 			if st.red.Empty() {

@@ -8,7 +8,7 @@ import (
 	"github.com/uptrace/bun/dialect"
 )
 
-// The gateway's proxy CA (ADR 0931): the certificate jails trust, and its
+// The gateway's proxy CA (ADR 0932): the certificate jails trust, and its
 // private key wrapped by the KEK. One row per gateway installation; every
 // replica shares it.
 func init() {

@@ -68,7 +68,7 @@ type VaultRelease struct {
 	CreatedAt  time.Time `bun:"created_at,notnull"`
 }
 
-// ProxyCA is the gateway's proxy CA (ADR 0931): its certificate, which
+// ProxyCA is the gateway's proxy CA (ADR 0932): its certificate, which
 // jails trust, and its PKCS #8 private key wrapped by the KEK, bound to the
 // row's id. ID "current" is the one in use.
 type ProxyCA struct {

@@ -153,6 +153,30 @@ func openProxyCA(row *store.ProxyCA, kek *envelope.KEK, now func() time.Time) (*
 	return &ProxyCA{cert: cert, key: signer, certPEM: row.CertPEM, leafKey: leafKey, now: now, leaves: map[string]*tls.Certificate{}}, nil
 }
 
+// RewrapProxyCA re-wraps the proxy CA's key under the KEK's current
+// primary key (a KEK rotation, with RewrapAll); no CA yet is no error.
+func RewrapProxyCA(ctx context.Context, db bun.IDB, kek *envelope.KEK) error {
+	var row store.ProxyCA
+	err := db.NewSelect().Model(&row).Where("id = ?", proxyCAID).Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("proxy CA: %w", err)
+	}
+	pk, err := kek.Unwrap(row.WrappedKey, proxyCAAD(row.ID))
+	if err != nil {
+		return fmt.Errorf("proxy CA: unwrap: %w", err)
+	}
+	wrapped, err := kek.Wrap(pk, proxyCAAD(row.ID))
+	clear(pk)
+	if err != nil {
+		return fmt.Errorf("proxy CA: wrap: %w", err)
+	}
+	_, err = db.NewUpdate().Model((*store.ProxyCA)(nil)).Set("wrapped_key = ?", wrapped).Where("id = ?", row.ID).Exec(ctx)
+	return err
+}
+
 // CertPEM is the CA's certificate, what jails trust.
 func (ca *ProxyCA) CertPEM() string { return ca.certPEM }
 
