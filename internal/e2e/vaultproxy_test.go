@@ -40,6 +40,7 @@ type proxyTarget struct {
 	port   string
 	CAFile string
 	token  string
+	repo   string // the bare repository's path
 	mu     sync.Mutex
 	seen   []string // "host auth x-a x-b path?query"
 }
@@ -63,11 +64,12 @@ func startProxyTarget(t *testing.T, token string) *proxyTarget {
 	root := t.TempDir()
 	work := filepath.Join(root, "work")
 	for _, args := range [][]string{{"init", "-q", "-b", "main", work}, {"-C", work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "vault-proxy-commit"},
-		{"clone", "-q", "--bare", work, filepath.Join(root, "repo.git")}} {
+		{"clone", "-q", "--bare", work, filepath.Join(root, "repo.git")}, {"-C", filepath.Join(root, "repo.git"), "config", "http.receivepack", "true"}} {
 		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
 			t.Fatalf("git %v: %v %s", args, err, out)
 		}
 	}
+	p.repo = filepath.Join(root, "repo.git")
 	git, _ := exec.LookPath("git")
 	backend := &cgi.Handler{Path: git, Args: []string{"http-backend"}, Dir: root, InheritEnv: []string{"PATH"},
 		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
@@ -161,10 +163,14 @@ func TestVaultProxy(t *testing.T) {
 		}
 	})
 
-	t.Run("git clone over HTTPS with the placeholder in the URL", func(t *testing.T) {
-		out := run(t, "rm -rf /tmp/clone; git clone -q https://x:{{secret:tok}}@target.localhost:"+tg.port+"/repo.git /tmp/clone 2>&1; git -C /tmp/clone log --format=%s 2>&1; cat /tmp/clone/.git/config")
-		if !strings.Contains(out, "vault-proxy-commit") {
+	t.Run("git clone and push over HTTPS with the placeholder in the URL", func(t *testing.T) {
+		out := run(t, "rm -rf /tmp/clone; git clone -q https://x:{{secret:tok}}@target.localhost:"+tg.port+"/repo.git /tmp/clone 2>&1; git -C /tmp/clone log --format=%s 2>&1; cat /tmp/clone/.git/config; "+
+			"git -C /tmp/clone -c user.name=i -c user.email=i@i commit -q --allow-empty -m pushed-by-intern 2>&1 && git -C /tmp/clone push -q origin HEAD:main 2>&1")
+		if !strings.Contains(out, "vault-proxy-commit") || !strings.Contains(out, "x:{{secret:tok}}@target.localhost") {
 			t.Fatalf("the clone failed: %q", out)
+		}
+		if log, err := exec.Command("git", "-C", tg.repo, "log", "--format=%s", "main").CombinedOutput(); err != nil || !strings.Contains(string(log), "pushed-by-intern") {
+			t.Fatalf("the push did not arrive: %v %s (the command printed %q)", err, log, out)
 		}
 		if seen := tg.take(); !strings.Contains(strings.Join(seen, "\n"), basic("x", token)) {
 			t.Fatalf("the git server saw %q", seen)
