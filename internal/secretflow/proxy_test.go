@@ -356,6 +356,35 @@ func BenchmarkProxyDoor(b *testing.B) {
 	}
 }
 
+// BenchmarkProxyDoorConnect is what deciding costs a CONNECT to a host
+// with no bound secret: a new tunnel per operation (CONNECT, TLS, one
+// GET), with the door (the vault asked: the intern, its secrets' hosts)
+// and without.
+func BenchmarkProxyDoorConnect(b *testing.B) {
+	r := newProxyRig(b, storetest.SQLite(b))
+	door := vault.ProxyDoor{S: r.e.Server.Vault, CA: r.ca}
+	for _, c := range []struct {
+		name string
+		s    egress.Secrets
+	}{{"without-door", nil}, {"with-door", door}} {
+		b.Run(c.name, func(b *testing.B) {
+			r.relay.SetSecrets(c.s)
+			defer r.relay.SetSecrets(door)
+			u, _ := url.Parse("http://" + r.addr)
+			cl := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: &tls.Config{RootCAs: r.roots}, DisableKeepAlives: true}}
+			for i := 0; i < b.N; i++ {
+				res, err := cl.Get("https://other.localhost:" + r.port + "/small")
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+			r.take()
+		})
+	}
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
