@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,7 +28,9 @@ import (
 
 	"github.com/uptrace/bun"
 
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -48,6 +51,7 @@ type proxyRig struct {
 	up      *httptest.Server
 	port    string
 	roots   *x509.CertPool // the jail's: the proxy CA (and, for tunnels, the host's own)
+	host    *x509.Certificate
 	mu      sync.Mutex
 	seen    []string
 	payload []byte
@@ -64,6 +68,7 @@ func newProxyRig(t testing.TB, db *bun.DB) *proxyRig {
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, Subject: pkix.Name{CommonName: "host"}}
 	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	hostCert, _ := x509.ParseCertificate(der)
+	r.host = hostCert
 	r.up = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.seen = append(r.seen, req.Host+" "+req.Header.Get("Authorization")+" "+req.URL.RequestURI())
@@ -248,6 +253,65 @@ func TestProxyDoor(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoteProxyDoor: a remote `cohort intern --jail`'s relay, with its
+// own in-memory CA, asks the gateway (InternGatewayService, the daemon's
+// credential) whether a host is bound and for each value: the gateway's
+// rule and audit; with a wrong credential it intercepts nothing.
+func TestRemoteProxyDoor(t *testing.T) {
+	r := newProxyRig(t, storetest.SQLite(t))
+	ctx := context.Background()
+	const secret = "remote-daemon-secret"
+	ct, _ := r.e.Server.KEK.Wrap([]byte(secret), []byte("cohort/intern-daemon-secret/"+r.e.InternID))
+	if _, err := r.e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("daemon_secret = ?", base64.StdEncoding.EncodeToString(ct)).Where("id = ?", r.e.InternID).Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := vault.NewEphemeralProxyCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The jail trusts this process's CA, not the gateway's.
+	r.roots = x509.NewCertPool()
+	r.roots.AppendCertsFromPEM([]byte(ca.CertPEM()))
+	r.roots.AddCert(r.host)
+	door := func(credential string) vault.RemoteProxyDoor {
+		cl := &http.Client{Transport: roundTripper(func(req *http.Request) (*http.Response, error) {
+			req = req.Clone(req.Context())
+			req.Header.Set("Authorization", "Bearer "+credential)
+			return r.e.HTTPClient().Transport.RoundTrip(req)
+		})}
+		return vault.RemoteProxyDoor{Gateway: cohortv1connect.NewInternGatewayServiceClient(cl, r.e.URL), InternID: r.e.InternID, CA: ca}
+	}
+	base := "https://api.localhost:" + r.port
+
+	r.relay.SetSecrets(door(internd.DaemonCredential(secret)))
+	if _, body := r.get(t, base+"/x", map[string]string{"Authorization": "Bearer {{secret:gh}}"}); body != "you sent Bearer {{secret:gh}} at /x" {
+		t.Fatalf("the client got %q", body)
+	}
+	if seen := r.take(); len(seen) != 1 || !strings.Contains(seen[0], "Bearer "+proxyToken) {
+		t.Fatalf("the host saw %q", seen)
+	}
+	var rows []store.VaultRelease
+	r.e.DB.NewSelect().Model(&rows).Where("intern_id = ?", r.e.InternID).Scan(ctx)
+	if len(rows) != 1 || rows[0].Outcome != vault.OutcomeReleased || rows[0].Actor != "daemon:"+r.e.InternID || rows[0].Host != "api.localhost" {
+		t.Fatalf("audit %+v", rows)
+	}
+
+	// A wrong credential is refused: the relay tunnels, and the client meets the host's own
+	// certificate with the placeholder.
+	r.relay.SetSecrets(door("not-the-credential"))
+	res, body := r.get(t, base+"/x", map[string]string{"Authorization": "Bearer {{secret:gh}}"})
+	if res.TLS.PeerCertificates[0].Subject.CommonName != "host" || !strings.Contains(body, "{{secret:gh}}") {
+		t.Fatalf("with a wrong credential: %q", body)
+	}
+	if seen := r.take(); len(seen) != 1 || strings.Contains(seen[0], proxyToken) {
+		t.Fatalf("the host saw %q", seen)
+	}
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // rawConnect opens a CONNECT tunnel through the relay at addr.
 func rawConnect(t testing.TB, addr, dest string) net.Conn {

@@ -19,7 +19,11 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/uptrace/bun"
+
+	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -86,21 +90,49 @@ func LoadProxyCA(ctx context.Context, db bun.IDB, kek *envelope.KEK, now func() 
 	return nil, errors.New("proxy CA: no usable row after creating one")
 }
 
-func createProxyCA(ctx context.Context, db bun.IDB, kek *envelope.KEK, now time.Time, replace bool) error {
+// newCA makes a CA key and its self-signed certificate.
+func newCA(now time.Time, name string, life time.Duration) (*ecdsa.PrivateKey, *x509.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	tmpl := &x509.Certificate{SerialNumber: serial,
-		Subject:   pkix.Name{CommonName: "Cohort egress proxy CA", Organization: []string{"Cohort"}},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(proxyCALife),
+		Subject:   pkix.Name{CommonName: name, Organization: []string{"Cohort"}},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(life),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true, IsCA: true, MaxPathLenZero: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return key, cert, err
+}
+
+// NewEphemeralProxyCA is a proxy CA that lives in this process's memory
+// only, never stored: a remote `cohort intern --jail`'s, whose process
+// holds neither the database nor the gateway's CA key (ADR 0932), trusted
+// by that one jail.
+func NewEphemeralProxyCA() (*ProxyCA, error) {
+	key, cert, err := newCA(time.Now(), "Cohort remote jail proxy CA", proxyCALife)
+	if err != nil {
+		return nil, err
+	}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return &ProxyCA{cert: cert, key: key, certPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+		leafKey: leafKey, now: time.Now, leaves: map[string]*tls.Certificate{}}, nil
+}
+
+func createProxyCA(ctx context.Context, db bun.IDB, kek *envelope.KEK, now time.Time, replace bool) error {
+	key, tmpl, err := newCA(now, "Cohort egress proxy CA", proxyCALife)
+	if err != nil {
 		return err
 	}
+	der := tmpl.Raw
 	pk, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return err
@@ -261,3 +293,33 @@ func (d ProxyDoor) Release(ctx context.Context, intern, name, host string) (stri
 }
 
 func (d ProxyDoor) Certificate(host string) (*tls.Certificate, error) { return d.CA.Certificate(host) }
+
+// RemoteProxyDoor is the vault as a remote `cohort intern --jail`'s proxy
+// asks it (egress.Secrets): through the gateway's InternGatewayService with
+// the daemon's credential, so the release is the gateway's (one rule,
+// audited as the daemon's), and with the process's own ephemeral CA.
+type RemoteProxyDoor struct {
+	Gateway  cohortv1connect.InternGatewayServiceClient
+	InternID string
+	CA       *ProxyCA
+}
+
+func (d RemoteProxyDoor) Bound(ctx context.Context, _, host string) (bool, error) {
+	res, err := d.Gateway.HostBound(ctx, connect.NewRequest(&cohortv1.HostBoundRequest{InternId: d.InternID, Host: host}))
+	if err != nil {
+		return false, err
+	}
+	return res.Msg.GetBound(), nil
+}
+
+func (d RemoteProxyDoor) Release(ctx context.Context, _, name, host string) (string, error) {
+	res, err := d.Gateway.ReleaseSecret(ctx, connect.NewRequest(&cohortv1.ReleaseSecretRequest{InternId: d.InternID, Name: name, Host: host}))
+	if err != nil {
+		return "", err
+	}
+	return res.Msg.GetValue(), nil
+}
+
+func (d RemoteProxyDoor) Certificate(host string) (*tls.Certificate, error) {
+	return d.CA.Certificate(host)
+}
