@@ -88,6 +88,10 @@ func (r *Relay) interceptHost(ctx context.Context, intern, target string) string
 	return norm
 }
 
+// errUpgrade refuses a protocol switch on a request that carried a
+// released value.
+var errUpgrade = errors.New("a connection upgrade (WebSocket) is not relayed after a secret was released into its request")
+
 // errSNI is a TLS ClientHello naming another server than the CONNECT.
 var errSNI = errors.New("the TLS server name is not the CONNECT's host")
 
@@ -162,9 +166,19 @@ func (r *Relay) secretProxy(intern, host, port string) http.Handler {
 			if st.red.Empty() {
 				return nil
 			}
+			if res.StatusCode == http.StatusSwitchingProtocols {
+				// What follows an upgrade (a WebSocket) is spliced raw, where
+				// no redaction reads: not after a release.
+				res.Body.Close()
+				return errUpgrade
+			}
 			return redactResponse(res, st.red)
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			if errors.Is(err, errUpgrade) {
+				http.Error(w, "cohort: "+errUpgrade.Error(), http.StatusBadGateway)
+				return
+			}
 			if errors.Is(err, errEncoding) {
 				http.Error(w, "cohort: the host answered in a content encoding the proxy cannot check for released secrets", http.StatusBadGateway)
 				return

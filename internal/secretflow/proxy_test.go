@@ -74,6 +74,17 @@ func newProxyRig(t testing.TB, db *bun.DB) *proxyRig {
 		r.seen = append(r.seen, req.Host+" "+req.Header.Get("Authorization")+" "+req.URL.RequestURI())
 		r.mu.Unlock()
 		switch req.URL.Path {
+		case "/ws":
+			// A WebSocket-like upgrade that echoes the credential in its
+			// raw stream.
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nraw " + req.Header.Get("Authorization") + "\n")
+			brw.Flush()
+			return
 		case "/mib":
 			w.Write(r.payload)
 		case "/gzip":
@@ -242,12 +253,31 @@ func TestProxyDoor(t *testing.T) {
 			}
 			c.Close()
 
+			// An upgrade after a release is refused: its raw stream would
+			// pass unredacted. Without a release it is relayed.
+			for _, auth := range []string{"Bearer {{secret:gh}}", "Bearer none"} {
+				c := rawConnect(t, r.addr, "api.localhost:"+r.port)
+				tc := tls.Client(c, &tls.Config{ServerName: "api.localhost", RootCAs: r.roots})
+				fmt.Fprintf(tc, "GET /ws HTTP/1.1\r\nHost: api.localhost:%s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nAuthorization: %s\r\n\r\n", r.port, auth)
+				tc.SetReadDeadline(time.Now().Add(10 * time.Second))
+				res, err := http.ReadResponse(bufio.NewReader(tc), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+				c.Close()
+				if strings.Contains(string(b), proxyToken) || (auth == "Bearer none") != (res.StatusCode == http.StatusSwitchingProtocols) {
+					t.Fatalf("upgrade with %q: %d %q", auth, res.StatusCode, b)
+				}
+			}
+			r.take()
+
 			rows := r.releases(t)
 			var got []string
 			for _, row := range rows {
 				got = append(got, row.SecretName+"@"+row.Host+"="+row.Outcome)
 			}
-			if want := []string{"gh@api.localhost=released", "gh@api.localhost=released", "gh@api.localhost=released", "elsewhere@api.localhost=refused"}; !slices.Equal(got, want) {
+			if want := []string{"gh@api.localhost=released", "gh@api.localhost=released", "gh@api.localhost=released", "elsewhere@api.localhost=refused", "gh@api.localhost=released"}; !slices.Equal(got, want) {
 				t.Fatalf("audit %q, want %q", got, want)
 			}
 		})
