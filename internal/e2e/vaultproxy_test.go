@@ -1,13 +1,19 @@
 package e2e_test
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha1"
+	"crypto/sha512"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -85,6 +91,26 @@ func startProxyTarget(t *testing.T, token string) *proxyTarget {
 		}
 		backend.ServeHTTP(w, r)
 	})
+	// A one-package npm registry that wants the token as a Bearer.
+	tgz := npmTarball(t)
+	mux.HandleFunc("/npm/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		base := "https://target.localhost:" + p.port + "/npm/"
+		switch r.URL.Path {
+		case "/npm/vp-pkg":
+			sha1sum, sha512sum := sha1.Sum(tgz), sha512.Sum512(tgz)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"name":"vp-pkg","dist-tags":{"latest":"1.0.0"},"versions":{"1.0.0":{"name":"vp-pkg","version":"1.0.0","dist":{"tarball":"%svp-pkg/-/vp-pkg-1.0.0.tgz","shasum":"%s","integrity":"sha512-%s"}}}}`,
+				base, hex.EncodeToString(sha1sum[:]), base64.StdEncoding.EncodeToString(sha512sum[:]))
+		case "/npm/vp-pkg/-/vp-pkg-1.0.0.tgz":
+			w.Write(tgz)
+		default:
+			http.NotFound(w, r)
+		}
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// The echo: what a server that reflects its request sends back.
 		fmt.Fprintf(w, "host=%s auth=[%s] path=[%s] query=[%s]\n", r.Host, r.Header.Get("Authorization"), r.URL.Path, r.URL.RawQuery)
@@ -103,6 +129,23 @@ func startProxyTarget(t *testing.T, token string) *proxyTarget {
 	go p.srv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { p.srv.Close() })
 	return p
+}
+
+// npmTarball is the package vp-pkg 1.0.0, as npm pack makes it.
+func npmTarball(t *testing.T) []byte {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for name, body := range map[string]string{"package/package.json": `{"name":"vp-pkg","version":"1.0.0","main":"index.js"}`,
+		"package/index.js": "module.exports = 'npm-proxy-ok';\n"} {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), ModTime: time.Unix(1700000000, 0)})
+		tw.Write([]byte(body))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	zw.Close()
+	return buf.Bytes()
 }
 
 // take returns and forgets what the server has seen.
@@ -174,6 +217,18 @@ func TestVaultProxy(t *testing.T) {
 		}
 		if seen := tg.take(); !strings.Contains(strings.Join(seen, "\n"), basic("x", token)) {
 			t.Fatalf("the git server saw %q", seen)
+		}
+	})
+
+	t.Run("npm install from a registry with the token in .npmrc", func(t *testing.T) {
+		reg := "target.localhost:" + tg.port + "/npm/"
+		out := run(t, "rm -rf /tmp/np && mkdir -p /tmp/np && cd /tmp/np && printf 'registry=https://"+reg+"\\n//"+reg+":_authToken={{secret:tok}}\\n' > .npmrc && "+
+			"timeout 45 npm install --no-audit --no-fund --no-update-notifier --loglevel http vp-pkg 2>&1 | tail -15; cat node_modules/vp-pkg/index.js; cat .npmrc")
+		if !strings.Contains(out, "npm-proxy-ok") || !strings.Contains(out, "_authToken={{secret:tok}}") {
+			t.Fatalf("npm install: %q; the registry saw %q", out, tg.take())
+		}
+		if seen := strings.Join(tg.take(), "\n"); !strings.Contains(seen, "Bearer "+token) {
+			t.Fatalf("the registry saw %q", seen)
 		}
 	})
 

@@ -68,10 +68,11 @@ func CABundle(proxyCA string) string {
 }
 
 // CABundleEnv points the variables programs read a CA bundle from (Go,
-// OpenSSL, curl, git, Python requests, Node) at path.
+// OpenSSL, curl, git, Python requests, Node, npm, whose own fetch does not
+// take Node's extra certificates) at path.
 func CABundleEnv(path string) []string {
 	return []string{"SSL_CERT_FILE=" + path, "CURL_CA_BUNDLE=" + path, "GIT_SSL_CAINFO=" + path,
-		"REQUESTS_CA_BUNDLE=" + path, "NODE_EXTRA_CA_CERTS=" + path}
+		"REQUESTS_CA_BUNDLE=" + path, "NODE_EXTRA_CA_CERTS=" + path, "NPM_CONFIG_CAFILE=" + path}
 }
 
 // InternDir is the intern's directory inside its jail.

@@ -61,7 +61,7 @@ func TestSpecCABundle(t *testing.T) {
 	if _, err := os.Stat("/etc/ssl/certs/ca-certificates.crt"); err == nil && strings.Count(bundle, "BEGIN CERTIFICATE") < 10 {
 		t.Fatal("the bundle lacks the system roots")
 	}
-	for _, v := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"} {
+	for _, v := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "NPM_CONFIG_CAFILE"} {
 		if !slices.Contains(spec.Env, v+"="+CABundlePath) {
 			t.Errorf("%s not set: %q", v, spec.Env)
 		}
