@@ -55,16 +55,26 @@ var systemBundles = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls
 // pointed at it trusts the public hosts as before, and the gateway where it
 // stands in for a host with a bound secret.
 func CABundle(proxyCA string) string {
+	b, _ := systemBundle()
+	return b + proxyCA
+}
+
+// systemBundle is the host's system roots, newline-terminated, and the
+// path of the regular file they are in ("" when none is).
+func systemBundle() (string, string) {
 	for _, p := range systemBundles {
 		if b, err := os.ReadFile(p); err == nil {
 			s := string(b)
 			if !strings.HasSuffix(s, "\n") {
 				s += "\n"
 			}
-			return s + proxyCA
+			if fi, err := os.Lstat(p); err != nil || !fi.Mode().IsRegular() {
+				p = ""
+			}
+			return s, p
 		}
 	}
-	return proxyCA
+	return "", ""
 }
 
 // CABundleEnv points the variables programs read a CA bundle from (Go,
@@ -265,8 +275,14 @@ func (o DaemonJail) Spec() jail.Spec {
 		relays = append(relays, jail.Relay{Port: PortTraces, Kind: KindTraces})
 	}
 	if o.ProxyCA != "" {
-		files = append(files, jail.File{Dst: CABundlePath, Content: CABundle(o.ProxyCA)})
+		bundle := CABundle(o.ProxyCA)
+		files = append(files, jail.File{Dst: CABundlePath, Content: bundle})
 		env = append(env, CABundleEnv(CABundlePath)...)
+		// The jail's copy of the system bundle too, for programs that
+		// read no variable (OpenSSL's default, Rust's native roots).
+		if _, sys := systemBundle(); sys != "" {
+			files = append(files, jail.File{Dst: sys, Content: bundle})
+		}
 	}
 	env = append(env, o.AgentEnv...)
 	binds := append(jail.SystemBinds(), jail.Bind{Src: o.Self[0], Dst: binPath})
