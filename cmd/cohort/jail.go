@@ -6,18 +6,23 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/interncmd"
+	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/vault"
 )
 
 // runJailedDaemon is `cohort intern --jail`: this process stays outside,
@@ -57,6 +62,18 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 	defer relay.Close()
 	jc := localjail.JailConfig{Relay: relay, AgentEnv: config.AgentEnv(os.Environ()), ReadOnly: o.ReadOnly,
 		Hide: localjail.HiddenPaths(append(o.Hide, localjail.BinaryDir()...)...), Limits: localjail.Limits(o.Limits)}
+	if o.GatewayURL != "" {
+		// The vault's proxy door (ADR 0931): this process's own CA, in its
+		// memory only; the gateway decides and releases.
+		ca, err := vault.NewEphemeralProxyCA()
+		if err != nil {
+			return err
+		}
+		jc.ProxyCA = ca.CertPEM()
+		gw := cohortv1connect.NewInternGatewayServiceClient(&http.Client{Timeout: 30 * time.Second, Transport: bearer{internd.DaemonCredential(o.Secret)}},
+			strings.TrimSuffix(o.GatewayURL, "/"))
+		relay.SetSecrets(vault.RemoteProxyDoor{Gateway: gw, InternID: o.InternID, CA: ca})
+	}
 	if key != "" {
 		jc.ModelKeyPlaceholder = provision.KeyPlaceholder
 	}
@@ -110,6 +127,15 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 		return fmt.Errorf("the jailed daemon exited: %v", st)
 	}
 	return nil
+}
+
+// bearer presents the daemon's credential to the gateway.
+type bearer struct{ credential string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.credential)
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // stderrFile is w when it is a file (the process's stderr); otherwise a

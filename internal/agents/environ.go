@@ -13,6 +13,7 @@ var passNames = map[string]bool{
 	"HTTP_PROXY": true, "HTTPS_PROXY": true, "NO_PROXY": true, "ALL_PROXY": true,
 	"http_proxy": true, "https_proxy": true, "no_proxy": true, "all_proxy": true,
 	"SSL_CERT_FILE": true, "SSL_CERT_DIR": true, "NODE_EXTRA_CA_CERTS": true,
+	"CURL_CA_BUNDLE": true, "GIT_SSL_CAINFO": true, "REQUESTS_CA_BUNDLE": true, "NPM_CONFIG_CAFILE": true,
 	"COHORT_CPUPROFILE": true,
 }
 

@@ -101,6 +101,10 @@ type Config struct {
 	// ModelRoots are CAs trusted for an https model endpoint besides the
 	// system's.
 	ModelRoots []*x509.Certificate
+	// UpstreamRoots are CAs trusted besides the system's for the hosts an
+	// intercepted CONNECT (SetSecrets) goes on to: the operator's
+	// --http-tool-ca-file.
+	UpstreamRoots []*x509.Certificate
 	// Internet enables KindInternet; otherwise every request gets 403.
 	Internet bool
 	// AllowLoopback lets KindInternet reach loopback addresses: tests only.
@@ -142,6 +146,10 @@ type Relay struct {
 	// gatewayH, when set (SetGateway), serves KindGateway connections in
 	// process instead of splicing them to GatewayAddr.
 	gatewayH atomic.Pointer[http.Handler]
+	// secrets, when set (SetSecrets), has CONNECTs to hosts with a bound
+	// secret intercepted (intercept.go); secretTransport carries them on.
+	secrets         atomic.Pointer[Secrets]
+	secretTransport *http.Transport
 
 	mu      sync.Mutex
 	conns   map[net.Conn]string // open connections and their interns
@@ -185,6 +193,9 @@ func New(cfg Config) (*Relay, error) {
 	r.modelTransport = &http.Transport{Proxy: nil, DialContext: dialLocalhost((&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 		TLSClientConfig: safehttp.TLSConfig(cfg.ModelRoots), TLSHandshakeTimeout: 10 * time.Second, ForceAttemptHTTP2: true,
 		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+	r.secretTransport = &http.Transport{DialContext: r.dialInternet, Proxy: nil, TLSClientConfig: safehttp.TLSConfig(cfg.UpstreamRoots),
+		TLSHandshakeTimeout: 10 * time.Second, ForceAttemptHTTP2: true, ResponseHeaderTimeout: time.Minute,
+		MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
 	static := func(context.Context) (string, error) { return cfg.ModelAPIKey, nil }
 	r.modelH, r.internetH = r.modelProxy(u, static), http.HandlerFunc(r.internet)
 	if cfg.TracesURL != "" {
@@ -482,6 +493,7 @@ func (r *Relay) Close() error {
 	}
 	r.mu.Unlock()
 	r.forward.CloseIdleConnections()
+	r.secretTransport.CloseIdleConnections()
 	return nil
 }
 
@@ -681,6 +693,23 @@ func (r *Relay) connect(w http.ResponseWriter, req *http.Request) {
 	host := req.Host
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
+		return
+	}
+	intern, _ := relayctx.Intern(req.Context())
+	if name := r.interceptHost(req.Context(), intern, host); name != "" {
+		_, port, _ := net.SplitHostPort(host)
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			http.Error(w, "tunnels are not supported here", http.StatusInternalServerError)
+			return
+		}
+		c, brw, err := hj.Hijack()
+		if err != nil {
+			return
+		}
+		r.log.Debug("internet relay: intercepted", "dest", host)
+		c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+		r.intercept(intern, bufferedConn{c, brw.Reader}, name, port)
 		return
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), 15*time.Second)

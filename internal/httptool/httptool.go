@@ -152,6 +152,11 @@ func DecodeArgs(raw []byte) (*Args, error) {
 
 var placeholder = regexp.MustCompile(`\{\{secret:([^{}]*)\}\}`)
 
+// Placeholder matches a {{secret:NAME}} placeholder, the name its first
+// group: the one spelling both of the vault's doors (this tool and the
+// egress proxy) fill.
+var Placeholder = placeholder
+
 // SecretNames lists the distinct secret names a request's placeholders
 // use, in order of first use.
 func SecretNames(a *Args) []string {

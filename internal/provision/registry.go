@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/egress"
 )
 
 // Backends register themselves here, as database/sql drivers do: each
@@ -77,6 +78,10 @@ type Env struct {
 	GatewayURL string
 	// APIPrefix is the path of the API on the gateway's listener.
 	APIPrefix string
+	// SecretsDoor, where the gateway has a vault (not in Prepare), gives
+	// a backend's internet relays the vault's proxy door (ADR 0931): the
+	// certificate of the CA its programs are to trust, and the door.
+	SecretsDoor func() (caPEM string, door egress.Secrets, err error)
 }
 
 // Hooks are the metrics a backend may report to.

@@ -20,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interns"
@@ -233,7 +234,14 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			s.Metrics = metrics.New(db)
 			setup.Observe(provision.Hooks{KubeCall: s.Metrics.KubeCall})
 		}
-		env := provision.Env{Config: cfg, Log: log, GatewayURL: d.GatewayURL, APIPrefix: Prefix}
+		env := provision.Env{Config: cfg, Log: log, GatewayURL: d.GatewayURL, APIPrefix: Prefix,
+			SecretsDoor: func() (string, egress.Secrets, error) {
+				ca, err := vault.LoadProxyCA(ctx, db, d.KEK, nil)
+				if err != nil {
+					return "", nil, err
+				}
+				return ca.CertPEM(), vault.ProxyDoor{S: s.Vault, CA: ca}, nil
+			}}
 		if prov.Backend, err = setup.Backend(env, prov, ag); err != nil {
 			return nil, err
 		}

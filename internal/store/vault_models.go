@@ -67,3 +67,16 @@ type VaultRelease struct {
 	Actor      string    `bun:"actor,notnull"`
 	CreatedAt  time.Time `bun:"created_at,notnull"`
 }
+
+// ProxyCA is the gateway's proxy CA (ADR 0932): its certificate, which
+// jails trust, and its PKCS #8 private key wrapped by the KEK, bound to the
+// row's id. ID "current" is the one in use.
+type ProxyCA struct {
+	bun.BaseModel `bun:"table:proxy_cas"`
+
+	ID         string    `bun:"id,pk"`
+	CertPEM    string    `bun:"cert_pem,notnull"`
+	WrappedKey []byte    `bun:"wrapped_key,notnull"`
+	NotAfter   time.Time `bun:"not_after,notnull"`
+	CreatedAt  time.Time `bun:"created_at,notnull"`
+}

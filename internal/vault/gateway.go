@@ -46,6 +46,21 @@ func (h GatewayHandler) ReleaseSecret(ctx context.Context, req *connect.Request[
 	return connect.NewResponse(&cohortv1.ReleaseSecretResponse{Value: value}), nil
 }
 
+// HostBound checks the daemon's credential, then says whether the intern
+// has a secret bound to the host (Service.Bound): a remote jail's proxy
+// intercepts only such hosts (ADR 0931).
+func (h GatewayHandler) HostBound(ctx context.Context, req *connect.Request[cohortv1.HostBoundRequest]) (*connect.Response[cohortv1.HostBoundResponse], error) {
+	in, err := h.S.authDaemon(ctx, req.Header().Get("Authorization"), req.Msg.GetInternId())
+	if err != nil {
+		return nil, err
+	}
+	bound, err := h.S.Bound(ctx, in.ID, req.Msg.GetHost())
+	if err != nil {
+		return nil, apierr.Internal(err)
+	}
+	return connect.NewResponse(&cohortv1.HostBoundResponse{Bound: bound}), nil
+}
+
 // errDaemonAuth is the one answer for every authentication failure, so a
 // caller cannot tell an unknown intern from a wrong secret.
 var errDaemonAuth = apierr.Unauthenticated("missing or invalid daemon secret")

@@ -59,6 +59,10 @@ func TestRotateKEK(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		ca, err := vault.LoadProxyCA(ctx, db, running, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
 		oldKey := running.PrimaryKeyID()
 		before := map[string]store.Vault{}
 		cts := map[string][]byte{}
@@ -142,6 +146,10 @@ func TestRotateKEK(t *testing.T) {
 			if got, err := fresh.ReleaseSecret(ctx, in, "api_key", "api.example.com"); err != nil || got != "value-"+in {
 				t.Fatalf("release with only the new KEK key: %q %v", got, err)
 			}
+		}
+		// The proxy CA's key was re-wrapped too: the same CA opens.
+		if again, err := vault.LoadProxyCA(ctx, db, kek, nil); err != nil || again.CertPEM() != ca.CertPEM() {
+			t.Fatalf("the proxy CA with only the new KEK key: %v", err)
 		}
 		// The old wrapping needed the old key: proof the check above means something.
 		if _, err := vault.OpenKeyring(kek, ptr(before[e.InternID])); err == nil {

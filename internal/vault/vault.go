@@ -485,7 +485,7 @@ func (s *Service) RewrapAll(ctx context.Context) (int64, error) {
 			n++
 		}
 		if len(vs) < page {
-			return n, nil
+			return n, RewrapProxyCA(ctx, s.DB, s.KEK)
 		}
 		last = vs[len(vs)-1].ID
 	}

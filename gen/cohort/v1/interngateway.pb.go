@@ -21,6 +21,103 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type HostBoundRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The intern whose daemon asks; must match the secret presented.
+	InternId      string `protobuf:"bytes,1,opt,name=intern_id,json=internId,proto3" json:"intern_id,omitempty"`
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostBoundRequest) Reset() {
+	*x = HostBoundRequest{}
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostBoundRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostBoundRequest) ProtoMessage() {}
+
+func (x *HostBoundRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostBoundRequest.ProtoReflect.Descriptor instead.
+func (*HostBoundRequest) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *HostBoundRequest) GetInternId() string {
+	if x != nil {
+		return x.InternId
+	}
+	return ""
+}
+
+func (x *HostBoundRequest) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+type HostBoundResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bound         bool                   `protobuf:"varint,1,opt,name=bound,proto3" json:"bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostBoundResponse) Reset() {
+	*x = HostBoundResponse{}
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostBoundResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostBoundResponse) ProtoMessage() {}
+
+func (x *HostBoundResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostBoundResponse.ProtoReflect.Descriptor instead.
+func (*HostBoundResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HostBoundResponse) GetBound() bool {
+	if x != nil {
+		return x.Bound
+	}
+	return false
+}
+
 type ReleaseSecretRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The intern whose daemon asks; must match the secret presented.
@@ -36,7 +133,7 @@ type ReleaseSecretRequest struct {
 
 func (x *ReleaseSecretRequest) Reset() {
 	*x = ReleaseSecretRequest{}
-	mi := &file_cohort_v1_interngateway_proto_msgTypes[0]
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -48,7 +145,7 @@ func (x *ReleaseSecretRequest) String() string {
 func (*ReleaseSecretRequest) ProtoMessage() {}
 
 func (x *ReleaseSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_interngateway_proto_msgTypes[0]
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -61,7 +158,7 @@ func (x *ReleaseSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSecretRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseSecretRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{0}
+	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReleaseSecretRequest) GetInternId() string {
@@ -101,7 +198,7 @@ type ReleaseSecretResponse struct {
 
 func (x *ReleaseSecretResponse) Reset() {
 	*x = ReleaseSecretResponse{}
-	mi := &file_cohort_v1_interngateway_proto_msgTypes[1]
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -113,7 +210,7 @@ func (x *ReleaseSecretResponse) String() string {
 func (*ReleaseSecretResponse) ProtoMessage() {}
 
 func (x *ReleaseSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_interngateway_proto_msgTypes[1]
+	mi := &file_cohort_v1_interngateway_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -126,7 +223,7 @@ func (x *ReleaseSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSecretResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseSecretResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{1}
+	return file_cohort_v1_interngateway_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReleaseSecretResponse) GetValue() string {
@@ -140,16 +237,22 @@ var File_cohort_v1_interngateway_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_interngateway_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcohort/v1/interngateway.proto\x12\tcohort.v1\"r\n" +
+	"\x1dcohort/v1/interngateway.proto\x12\tcohort.v1\"C\n" +
+	"\x10HostBoundRequest\x12\x1b\n" +
+	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\")\n" +
+	"\x11HostBoundResponse\x12\x14\n" +
+	"\x05bound\x18\x01 \x01(\bR\x05bound\"r\n" +
 	"\x14ReleaseSecretRequest\x12\x1b\n" +
 	"\tintern_id\x18\x01 \x01(\tR\binternId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x03 \x01(\tR\x04host\x12\x15\n" +
 	"\x06run_id\x18\x04 \x01(\tR\x05runId\"-\n" +
 	"\x15ReleaseSecretResponse\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\tR\x05value2j\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value2\xb2\x01\n" +
 	"\x14InternGatewayService\x12R\n" +
-	"\rReleaseSecret\x12\x1f.cohort.v1.ReleaseSecretRequest\x1a .cohort.v1.ReleaseSecretResponseB5Z3github.com/cohort-dev/cohort/gen/cohort/v1;cohortv1b\x06proto3"
+	"\rReleaseSecret\x12\x1f.cohort.v1.ReleaseSecretRequest\x1a .cohort.v1.ReleaseSecretResponse\x12F\n" +
+	"\tHostBound\x12\x1b.cohort.v1.HostBoundRequest\x1a\x1c.cohort.v1.HostBoundResponseB5Z3github.com/cohort-dev/cohort/gen/cohort/v1;cohortv1b\x06proto3"
 
 var (
 	file_cohort_v1_interngateway_proto_rawDescOnce sync.Once
@@ -163,16 +266,20 @@ func file_cohort_v1_interngateway_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_interngateway_proto_rawDescData
 }
 
-var file_cohort_v1_interngateway_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_cohort_v1_interngateway_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_cohort_v1_interngateway_proto_goTypes = []any{
-	(*ReleaseSecretRequest)(nil),  // 0: cohort.v1.ReleaseSecretRequest
-	(*ReleaseSecretResponse)(nil), // 1: cohort.v1.ReleaseSecretResponse
+	(*HostBoundRequest)(nil),      // 0: cohort.v1.HostBoundRequest
+	(*HostBoundResponse)(nil),     // 1: cohort.v1.HostBoundResponse
+	(*ReleaseSecretRequest)(nil),  // 2: cohort.v1.ReleaseSecretRequest
+	(*ReleaseSecretResponse)(nil), // 3: cohort.v1.ReleaseSecretResponse
 }
 var file_cohort_v1_interngateway_proto_depIdxs = []int32{
-	0, // 0: cohort.v1.InternGatewayService.ReleaseSecret:input_type -> cohort.v1.ReleaseSecretRequest
-	1, // 1: cohort.v1.InternGatewayService.ReleaseSecret:output_type -> cohort.v1.ReleaseSecretResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	2, // 0: cohort.v1.InternGatewayService.ReleaseSecret:input_type -> cohort.v1.ReleaseSecretRequest
+	0, // 1: cohort.v1.InternGatewayService.HostBound:input_type -> cohort.v1.HostBoundRequest
+	3, // 2: cohort.v1.InternGatewayService.ReleaseSecret:output_type -> cohort.v1.ReleaseSecretResponse
+	1, // 3: cohort.v1.InternGatewayService.HostBound:output_type -> cohort.v1.HostBoundResponse
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -189,7 +296,7 @@ func file_cohort_v1_interngateway_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_interngateway_proto_rawDesc), len(file_cohort_v1_interngateway_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

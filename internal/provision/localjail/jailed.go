@@ -44,6 +44,47 @@ const (
 // httpToolCAPath is where a jail holds the operator's http_request CA.
 const httpToolCAPath = "/run/cohort/http-tool-ca.pem"
 
+// CABundlePath is where a jail holds the system roots and the gateway's
+// proxy CA (ADR 0931).
+const CABundlePath = "/run/cohort/ca-bundle.pem"
+
+// systemBundles are where distributions keep the system roots, as one file.
+var systemBundles = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"}
+
+// CABundle is the host's system roots followed by the proxy CA: a program
+// pointed at it trusts the public hosts as before, and the gateway where it
+// stands in for a host with a bound secret.
+func CABundle(proxyCA string) string {
+	b, _ := systemBundle()
+	return b + proxyCA
+}
+
+// systemBundle is the host's system roots, newline-terminated, and the
+// path of the regular file they are in ("" when none is).
+func systemBundle() (string, string) {
+	for _, p := range systemBundles {
+		if b, err := os.ReadFile(p); err == nil {
+			s := string(b)
+			if !strings.HasSuffix(s, "\n") {
+				s += "\n"
+			}
+			if fi, err := os.Lstat(p); err != nil || !fi.Mode().IsRegular() {
+				p = ""
+			}
+			return s, p
+		}
+	}
+	return "", ""
+}
+
+// CABundleEnv points the variables programs read a CA bundle from (Go,
+// OpenSSL, curl, git, Python requests, Node, npm, whose own fetch does not
+// take Node's extra certificates) at path.
+func CABundleEnv(path string) []string {
+	return []string{"SSL_CERT_FILE=" + path, "CURL_CA_BUNDLE=" + path, "GIT_SSL_CAINFO=" + path,
+		"REQUESTS_CA_BUNDLE=" + path, "NODE_EXTRA_CA_CERTS=" + path, "NPM_CONFIG_CAFILE=" + path}
+}
+
 // InternDir is the intern's directory inside its jail.
 const InternDir = "/intern"
 
@@ -85,6 +126,11 @@ type JailConfig struct {
 	// HTTPToolCA is PEM the daemon's http_request trusts besides the
 	// system roots, put in the jail read-only.
 	HTTPToolCA string
+	// ProxyCA is the gateway's proxy CA certificate (PEM), when the
+	// internet relay intercepts hosts with bound secrets (ADR 0931): the
+	// jail gets a bundle of the system roots and it, and every variable
+	// programs read a bundle from points at it.
+	ProxyCA string
 	// Hide are host paths that must stay absent even where a bind would
 	// show them: the data directory, the KEK, the database, the binary's
 	// directory.
@@ -227,6 +273,16 @@ func (o DaemonJail) Spec() jail.Spec {
 	if o.Traces {
 		env = append(env, telemetry.JailEnv(fmt.Sprintf("127.0.0.1:%d", PortTraces))...)
 		relays = append(relays, jail.Relay{Port: PortTraces, Kind: KindTraces})
+	}
+	if o.ProxyCA != "" {
+		bundle := CABundle(o.ProxyCA)
+		files = append(files, jail.File{Dst: CABundlePath, Content: bundle})
+		env = append(env, CABundleEnv(CABundlePath)...)
+		// The jail's copy of the system bundle too, for programs that
+		// read no variable (OpenSSL's default, Rust's native roots).
+		if _, sys := systemBundle(); sys != "" {
+			files = append(files, jail.File{Dst: sys, Content: bundle})
+		}
 	}
 	env = append(env, o.AgentEnv...)
 	binds := append(jail.SystemBinds(), jail.Bind{Src: o.Self[0], Dst: binPath})

@@ -1,8 +1,12 @@
 package localjail
 
 import (
+	"os"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cohort-dev/cohort/internal/jail"
 )
 
 func TestJailConfigCheckRefusesBindsUnderHiddenPaths(t *testing.T) {
@@ -31,6 +35,49 @@ func TestJailUID(t *testing.T) {
 	for _, u := range []int{a, b} {
 		if u < 2_000_000_000 || u >= 2_100_000_000 {
 			t.Fatalf("uid %d outside the range", u)
+		}
+	}
+}
+
+type specRelay struct{ Relay }
+
+func (specRelay) InJailModelURL(addr string) string { return "http://" + addr + "/v1" }
+
+// With the proxy CA, the jail gets one bundle, the system roots and the
+// CA, and every variable programs read a bundle from names it; without,
+// neither (ADR 0932).
+func TestSpecCABundle(t *testing.T) {
+	const ca = "-----BEGIN CERTIFICATE-----\nMIIBproxyca\n-----END CERTIFICATE-----\n"
+	dj := DaemonJail{InternID: "2d0f1c1e-0000-4000-8000-000000000001", Model: "m", HostDir: t.TempDir(), Self: []string{"/bin/true"},
+		JailConfig: JailConfig{Relay: specRelay{}, ProxyCA: ca}}
+	spec := dj.Spec()
+	var bundle string
+	for _, f := range spec.Files {
+		if f.Dst == CABundlePath {
+			bundle = f.Content
+		}
+	}
+	if !strings.HasSuffix(bundle, ca) || strings.Contains(bundle, "PRIVATE KEY") {
+		t.Fatalf("bundle %.200q", bundle)
+	}
+	if fi, err := os.Lstat("/etc/ssl/certs/ca-certificates.crt"); err == nil && fi.Mode().IsRegular() {
+		if strings.Count(bundle, "BEGIN CERTIFICATE") < 10 {
+			t.Fatal("the bundle lacks the system roots")
+		}
+		// The jail's copy of the system bundle is the same bundle.
+		if !slices.Contains(spec.Files, jail.File{Dst: "/etc/ssl/certs/ca-certificates.crt", Content: bundle}) {
+			t.Fatal("the jail's system bundle lacks the CA")
+		}
+	}
+	for _, v := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "NPM_CONFIG_CAFILE"} {
+		if !slices.Contains(spec.Env, v+"="+CABundlePath) {
+			t.Errorf("%s not set: %q", v, spec.Env)
+		}
+	}
+	dj.ProxyCA = ""
+	for _, e := range dj.Spec().Env {
+		if strings.HasPrefix(e, "SSL_CERT_FILE=") {
+			t.Fatalf("without the CA: %s", e)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package localjail
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -81,6 +83,16 @@ func (s *setup) Backend(env provision.Env, _ *provision.Provisioner, ag provisio
 		return nil, errors.New("server: the local provisioner jails every intern (its setup's Prepare makes the jail) unless --unsafe-shared-host allows otherwise")
 	}
 	s.unsafe = s.jail == nil
+	if s.jail != nil && env.SecretsDoor != nil {
+		// The jails trust the proxy CA's certificate; its key stays in
+		// the gateway (ADR 0931).
+		ca, door, err := env.SecretsDoor()
+		if err != nil {
+			return nil, err
+		}
+		s.jail.ProxyCA = ca
+		s.relay.SetSecrets(door)
+	}
 	return s.backend(env, ag), nil
 }
 
@@ -156,7 +168,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, 
 	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
 		Placeholder: provision.KeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
-		Log: log.With("component", "egress")})
+		UpstreamRoots: pemCerts(toolCA), Log: log.With("component", "egress")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
@@ -229,4 +241,18 @@ func BinaryDir() []string {
 		}
 	}
 	return []string{dir}
+}
+
+// pemCerts are the certificates of a PEM file (others' blocks skipped).
+func pemCerts(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		if blk, b = pem.Decode(b); blk == nil {
+			return out
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil && blk.Type == "CERTIFICATE" {
+			out = append(out, c)
+		}
+	}
 }

@@ -36,6 +36,9 @@ const (
 	// InternGatewayServiceReleaseSecretProcedure is the fully-qualified name of the
 	// InternGatewayService's ReleaseSecret RPC.
 	InternGatewayServiceReleaseSecretProcedure = "/cohort.v1.InternGatewayService/ReleaseSecret"
+	// InternGatewayServiceHostBoundProcedure is the fully-qualified name of the InternGatewayService's
+	// HostBound RPC.
+	InternGatewayServiceHostBoundProcedure = "/cohort.v1.InternGatewayService/HostBound"
 )
 
 // InternGatewayServiceClient is a client for the cohort.v1.InternGatewayService service.
@@ -47,6 +50,11 @@ type InternGatewayServiceClient interface {
 	// Refusals: 403 host_not_allowed, 403 secret_unbound, 404 not_found,
 	// 400 bad_request.
 	ReleaseSecret(context.Context, *connect.Request[v1.ReleaseSecretRequest]) (*connect.Response[v1.ReleaseSecretResponse], error)
+	// HostBound says whether the intern's vault, or its workspace's, holds a
+	// secret bound to `host` (normalized like the vault's host rules): a remote
+	// `cohort intern --jail` intercepts its jail's CONNECTs to such hosts only
+	// (ADR 0931). It releases nothing and names no secret.
+	HostBound(context.Context, *connect.Request[v1.HostBoundRequest]) (*connect.Response[v1.HostBoundResponse], error)
 }
 
 // NewInternGatewayServiceClient constructs a client for the cohort.v1.InternGatewayService service.
@@ -66,17 +74,29 @@ func NewInternGatewayServiceClient(httpClient connect.HTTPClient, baseURL string
 			connect.WithSchema(internGatewayServiceMethods.ByName("ReleaseSecret")),
 			connect.WithClientOptions(opts...),
 		),
+		hostBound: connect.NewClient[v1.HostBoundRequest, v1.HostBoundResponse](
+			httpClient,
+			baseURL+InternGatewayServiceHostBoundProcedure,
+			connect.WithSchema(internGatewayServiceMethods.ByName("HostBound")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // internGatewayServiceClient implements InternGatewayServiceClient.
 type internGatewayServiceClient struct {
 	releaseSecret *connect.Client[v1.ReleaseSecretRequest, v1.ReleaseSecretResponse]
+	hostBound     *connect.Client[v1.HostBoundRequest, v1.HostBoundResponse]
 }
 
 // ReleaseSecret calls cohort.v1.InternGatewayService.ReleaseSecret.
 func (c *internGatewayServiceClient) ReleaseSecret(ctx context.Context, req *connect.Request[v1.ReleaseSecretRequest]) (*connect.Response[v1.ReleaseSecretResponse], error) {
 	return c.releaseSecret.CallUnary(ctx, req)
+}
+
+// HostBound calls cohort.v1.InternGatewayService.HostBound.
+func (c *internGatewayServiceClient) HostBound(ctx context.Context, req *connect.Request[v1.HostBoundRequest]) (*connect.Response[v1.HostBoundResponse], error) {
+	return c.hostBound.CallUnary(ctx, req)
 }
 
 // InternGatewayServiceHandler is an implementation of the cohort.v1.InternGatewayService service.
@@ -88,6 +108,11 @@ type InternGatewayServiceHandler interface {
 	// Refusals: 403 host_not_allowed, 403 secret_unbound, 404 not_found,
 	// 400 bad_request.
 	ReleaseSecret(context.Context, *connect.Request[v1.ReleaseSecretRequest]) (*connect.Response[v1.ReleaseSecretResponse], error)
+	// HostBound says whether the intern's vault, or its workspace's, holds a
+	// secret bound to `host` (normalized like the vault's host rules): a remote
+	// `cohort intern --jail` intercepts its jail's CONNECTs to such hosts only
+	// (ADR 0931). It releases nothing and names no secret.
+	HostBound(context.Context, *connect.Request[v1.HostBoundRequest]) (*connect.Response[v1.HostBoundResponse], error)
 }
 
 // NewInternGatewayServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -103,10 +128,18 @@ func NewInternGatewayServiceHandler(svc InternGatewayServiceHandler, opts ...con
 		connect.WithSchema(internGatewayServiceMethods.ByName("ReleaseSecret")),
 		connect.WithHandlerOptions(opts...),
 	)
+	internGatewayServiceHostBoundHandler := connect.NewUnaryHandler(
+		InternGatewayServiceHostBoundProcedure,
+		svc.HostBound,
+		connect.WithSchema(internGatewayServiceMethods.ByName("HostBound")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cohort.v1.InternGatewayService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InternGatewayServiceReleaseSecretProcedure:
 			internGatewayServiceReleaseSecretHandler.ServeHTTP(w, r)
+		case InternGatewayServiceHostBoundProcedure:
+			internGatewayServiceHostBoundHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -118,4 +151,8 @@ type UnimplementedInternGatewayServiceHandler struct{}
 
 func (UnimplementedInternGatewayServiceHandler) ReleaseSecret(context.Context, *connect.Request[v1.ReleaseSecretRequest]) (*connect.Response[v1.ReleaseSecretResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.InternGatewayService.ReleaseSecret is not implemented"))
+}
+
+func (UnimplementedInternGatewayServiceHandler) HostBound(context.Context, *connect.Request[v1.HostBoundRequest]) (*connect.Response[v1.HostBoundResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cohort.v1.InternGatewayService.HostBound is not implemented"))
 }

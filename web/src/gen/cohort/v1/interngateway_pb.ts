@@ -10,7 +10,48 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cohort/v1/interngateway.proto.
  */
 export const file_cohort_v1_interngateway: GenFile = /*@__PURE__*/
-  fileDesc("Ch1jb2hvcnQvdjEvaW50ZXJuZ2F0ZXdheS5wcm90bxIJY29ob3J0LnYxIlUKFFJlbGVhc2VTZWNyZXRSZXF1ZXN0EhEKCWludGVybl9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBGhvc3QYAyABKAkSDgoGcnVuX2lkGAQgASgJIiYKFVJlbGVhc2VTZWNyZXRSZXNwb25zZRINCgV2YWx1ZRgBIAEoCTJqChRJbnRlcm5HYXRld2F5U2VydmljZRJSCg1SZWxlYXNlU2VjcmV0Eh8uY29ob3J0LnYxLlJlbGVhc2VTZWNyZXRSZXF1ZXN0GiAuY29ob3J0LnYxLlJlbGVhc2VTZWNyZXRSZXNwb25zZUI1WjNnaXRodWIuY29tL2NvaG9ydC1kZXYvY29ob3J0L2dlbi9jb2hvcnQvdjE7Y29ob3J0djFiBnByb3RvMw");
+  fileDesc("Ch1jb2hvcnQvdjEvaW50ZXJuZ2F0ZXdheS5wcm90bxIJY29ob3J0LnYxIjMKEEhvc3RCb3VuZFJlcXVlc3QSEQoJaW50ZXJuX2lkGAEgASgJEgwKBGhvc3QYAiABKAkiIgoRSG9zdEJvdW5kUmVzcG9uc2USDQoFYm91bmQYASABKAgiVQoUUmVsZWFzZVNlY3JldFJlcXVlc3QSEQoJaW50ZXJuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSDAoEaG9zdBgDIAEoCRIOCgZydW5faWQYBCABKAkiJgoVUmVsZWFzZVNlY3JldFJlc3BvbnNlEg0KBXZhbHVlGAEgASgJMrIBChRJbnRlcm5HYXRld2F5U2VydmljZRJSCg1SZWxlYXNlU2VjcmV0Eh8uY29ob3J0LnYxLlJlbGVhc2VTZWNyZXRSZXF1ZXN0GiAuY29ob3J0LnYxLlJlbGVhc2VTZWNyZXRSZXNwb25zZRJGCglIb3N0Qm91bmQSGy5jb2hvcnQudjEuSG9zdEJvdW5kUmVxdWVzdBocLmNvaG9ydC52MS5Ib3N0Qm91bmRSZXNwb25zZUI1WjNnaXRodWIuY29tL2NvaG9ydC1kZXYvY29ob3J0L2dlbi9jb2hvcnQvdjE7Y29ob3J0djFiBnByb3RvMw");
+
+/**
+ * @generated from message cohort.v1.HostBoundRequest
+ */
+export type HostBoundRequest = Message<"cohort.v1.HostBoundRequest"> & {
+  /**
+   * The intern whose daemon asks; must match the secret presented.
+   *
+   * @generated from field: string intern_id = 1;
+   */
+  internId: string;
+
+  /**
+   * @generated from field: string host = 2;
+   */
+  host: string;
+};
+
+/**
+ * Describes the message cohort.v1.HostBoundRequest.
+ * Use `create(HostBoundRequestSchema)` to create a new message.
+ */
+export const HostBoundRequestSchema: GenMessage<HostBoundRequest> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_interngateway, 0);
+
+/**
+ * @generated from message cohort.v1.HostBoundResponse
+ */
+export type HostBoundResponse = Message<"cohort.v1.HostBoundResponse"> & {
+  /**
+   * @generated from field: bool bound = 1;
+   */
+  bound: boolean;
+};
+
+/**
+ * Describes the message cohort.v1.HostBoundResponse.
+ * Use `create(HostBoundResponseSchema)` to create a new message.
+ */
+export const HostBoundResponseSchema: GenMessage<HostBoundResponse> = /*@__PURE__*/
+  messageDesc(file_cohort_v1_interngateway, 1);
 
 /**
  * @generated from message cohort.v1.ReleaseSecretRequest
@@ -48,7 +89,7 @@ export type ReleaseSecretRequest = Message<"cohort.v1.ReleaseSecretRequest"> & {
  * Use `create(ReleaseSecretRequestSchema)` to create a new message.
  */
 export const ReleaseSecretRequestSchema: GenMessage<ReleaseSecretRequest> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_interngateway, 0);
+  messageDesc(file_cohort_v1_interngateway, 2);
 
 /**
  * @generated from message cohort.v1.ReleaseSecretResponse
@@ -65,7 +106,7 @@ export type ReleaseSecretResponse = Message<"cohort.v1.ReleaseSecretResponse"> &
  * Use `create(ReleaseSecretResponseSchema)` to create a new message.
  */
 export const ReleaseSecretResponseSchema: GenMessage<ReleaseSecretResponse> = /*@__PURE__*/
-  messageDesc(file_cohort_v1_interngateway, 1);
+  messageDesc(file_cohort_v1_interngateway, 3);
 
 /**
  * InternGatewayService is what the gateway serves to interns' daemons (not
@@ -91,6 +132,19 @@ export const InternGatewayService: GenService<{
     methodKind: "unary";
     input: typeof ReleaseSecretRequestSchema;
     output: typeof ReleaseSecretResponseSchema;
+  },
+  /**
+   * HostBound says whether the intern's vault, or its workspace's, holds a
+   * secret bound to `host` (normalized like the vault's host rules): a remote
+   * `cohort intern --jail` intercepts its jail's CONNECTs to such hosts only
+   * (ADR 0931). It releases nothing and names no secret.
+   *
+   * @generated from rpc cohort.v1.InternGatewayService.HostBound
+   */
+  hostBound: {
+    methodKind: "unary";
+    input: typeof HostBoundRequestSchema;
+    output: typeof HostBoundResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cohort_v1_interngateway, 0);
