@@ -1,0 +1,288 @@
+// Package openapitest checks HTTP responses of the gateway against its
+// OpenAPI document (internal/openapi), for the test suites: Transport
+// wraps a client's RoundTripper and reports every REST response whose
+// status, content type or JSON body the document does not allow, and
+// every answer from a route the document does not have (ADR 0901).
+package openapitest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+
+	"github.com/cohort-dev/cohort/internal/openapi"
+)
+
+// connectPrefix is the Connect door's path prefix: its procedures are
+// described by the .proto files, not by the OpenAPI document.
+const connectPrefix = "/api/v1/cohort."
+
+// A Checker holds a parsed document and its path templates, compiled once.
+type Checker struct {
+	doc       *openapi3.T
+	templates []template
+}
+
+// A template is one path of the document, split into segments; a
+// segment "{name}" matches any one non-empty segment.
+type template struct {
+	path     string
+	segments []string
+	item     *openapi3.PathItem
+}
+
+var (
+	defaultOnce    sync.Once
+	defaultChecker *Checker
+	defaultErr     error
+)
+
+// Default is the checker of the committed document, loaded and
+// validated once per test binary.
+func Default() (*Checker, error) {
+	defaultOnce.Do(func() { defaultChecker, defaultErr = New(openapi.Document) })
+	return defaultChecker, defaultErr
+}
+
+// New parses and validates an OpenAPI document.
+func New(document []byte) (*Checker, error) {
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(document)
+	if err != nil {
+		return nil, fmt.Errorf("openapitest: the document does not parse: %w", err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		return nil, fmt.Errorf("openapitest: the document is not valid OpenAPI: %w", err)
+	}
+	c := &Checker{doc: doc}
+	for path, item := range doc.Paths.Map() {
+		c.templates = append(c.templates, template{path: path, segments: strings.Split(path, "/"), item: item})
+	}
+	return c, nil
+}
+
+// Doc is the parsed document.
+func (c *Checker) Doc() *openapi3.T { return c.doc }
+
+// match finds the document's path for an escaped request path, with its
+// parameters. A literal segment wins over a parameter, as in the
+// gateway's ServeMux.
+func (c *Checker) match(escaped string) (*template, map[string]string) {
+	segs := strings.Split(escaped, "/")
+	var best *template
+	bestLiterals := -1
+	for i := range c.templates {
+		t := &c.templates[i]
+		if len(t.segments) != len(segs) {
+			continue
+		}
+		literals, ok := 0, true
+		for j, s := range t.segments {
+			if isParam(s) {
+				if segs[j] == "" {
+					ok = false
+					break
+				}
+				continue
+			}
+			if s != segs[j] {
+				ok = false
+				break
+			}
+			literals++
+		}
+		if ok && literals > bestLiterals {
+			best, bestLiterals = t, literals
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	params := map[string]string{}
+	for j, s := range best.segments {
+		if isParam(s) {
+			params[s[1:len(s)-1]] = segs[j]
+		}
+	}
+	return best, params
+}
+
+func isParam(s string) bool { return len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' }
+
+// Operation reports whether the document has an operation for method and
+// path (a ServeMux-style path with {name} wildcards, as the route table
+// writes them).
+func (c *Checker) Operation(method, path string) bool {
+	for _, t := range c.templates {
+		if t.path == path {
+			return t.item.GetOperation(method) != nil
+		}
+	}
+	return false
+}
+
+// Check checks res, the answer to req, against the document. It reads a
+// non-streaming body whole and gives res a fresh reader over it; a
+// text/event-stream body is left unread (its status and content type are
+// checked). Requests outside the REST doors (Connect procedures, CORS
+// preflights) are not checked.
+func (c *Checker) Check(req *http.Request, res *http.Response) error {
+	path := req.URL.EscapedPath()
+	if req.Method == http.MethodOptions || strings.HasPrefix(path, connectPrefix) {
+		return nil
+	}
+	method := req.Method
+	if method == http.MethodHead {
+		method = http.MethodGet
+	}
+	t, params := c.match(path)
+	var op *openapi3.Operation
+	if t != nil {
+		op = t.item.GetOperation(method)
+	}
+	if op == nil {
+		// The gateway answers a path or method it has no route for with
+		// 404 or 405 (a path it cleans, with a redirect). Anything else
+		// came from a route the document lacks.
+		switch res.StatusCode {
+		case http.StatusNotFound, http.StatusMethodNotAllowed,
+			http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+			return nil
+		}
+		return fmt.Errorf("%s %s answered %d, but the OpenAPI document has no operation %s for this path: a route missing from the document",
+			req.Method, trim(path), res.StatusCode, method)
+	}
+	desc := fmt.Sprintf("%s %s (%s %s) answered %d %s", req.Method, trim(path), method, t.path, res.StatusCode, res.Header.Get("Content-Type"))
+	resp := op.Responses.Status(res.StatusCode)
+	if resp == nil {
+		resp = op.Responses.Default()
+	}
+	if resp == nil || resp.Value == nil {
+		return fmt.Errorf("%s: the document declares no response %d for this operation", desc, res.StatusCode)
+	}
+	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); mt == "text/event-stream" || req.Method == http.MethodHead {
+		if mt == "text/event-stream" && resp.Value.Content.Get("text/event-stream") == nil {
+			return fmt.Errorf("%s: the document declares no event stream for this status", desc)
+		}
+		return nil
+	}
+	body, readErr := io.ReadAll(res.Body)
+	res.Body.Close()
+	res.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{readErr}))
+	if readErr != nil {
+		// The connection broke: the caller sees that, not a mismatch.
+		return nil
+	}
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request:    req,
+			PathParams: params,
+			Route:      &routers.Route{Spec: c.doc, Path: t.path, PathItem: t.item, Method: method, Operation: op},
+		},
+		Status:  res.StatusCode,
+		Header:  res.Header,
+		Options: &openapi3filter.Options{IncludeResponseStatus: true},
+	}
+	in.SetBodyBytes(body)
+	if len(resp.Value.Content) == 0 && len(body) > 0 {
+		return fmt.Errorf("%s: the document declares no body for this status, got %q", desc, trim(string(body)))
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
+		return fmt.Errorf("%s: %v; body %s", desc, shorten(err), trim(string(body)))
+	}
+	return nil
+}
+
+// errReader ends a replayed body with the error the read met (nil: EOF).
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err == nil {
+		return 0, io.EOF
+	}
+	return 0, e.err
+}
+
+// shorten keeps a validation error to its reason: kin-openapi appends
+// the whole schema.
+func shorten(err error) string {
+	var re *openapi3filter.ResponseError
+	if errors.As(err, &re) {
+		msg := re.Reason
+		var se *openapi3.SchemaError
+		if errors.As(re.Err, &se) {
+			msg += ": " + se.Error()
+			if i := strings.Index(msg, "\nSchema:"); i >= 0 {
+				msg = msg[:i]
+			}
+		} else if re.Err != nil {
+			msg += ": " + re.Err.Error()
+		}
+		return msg
+	}
+	s := err.Error()
+	if i := strings.Index(s, "\nSchema:"); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+func trim(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
+
+// Transport checks every response it carries with Checker. For decides
+// per request: it returns where a mismatch is reported (for example a
+// test's Errorf), or nil for a request that is not the gateway's.
+type Transport struct {
+	Base    http.RoundTripper
+	Checker *Checker
+	For     func(*http.Request) func(msg string)
+}
+
+// RoundTrip sends req with Base and checks the response.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := t.Base.RoundTrip(req)
+	if err != nil {
+		return res, err
+	}
+	if report := t.For(req); report != nil {
+		if err := t.Checker.Check(req, res); err != nil {
+			report("OpenAPI: " + err.Error())
+		}
+	}
+	return res, nil
+}
+
+// Client wraps base (nil: http.DefaultTransport) so that every response
+// is checked against the committed document, a mismatch failing t.
+func Client(t interface {
+	Helper()
+	Errorf(string, ...any)
+	Fatal(...any)
+}, base http.RoundTripper) http.RoundTripper {
+	t.Helper()
+	c, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &Transport{Base: base, Checker: c, For: func(*http.Request) func(string) {
+		return func(msg string) { t.Errorf("%s", msg) }
+	}}
+}
