@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	_ "github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/openapi/openapitest"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
 )
@@ -249,7 +250,10 @@ func hostile(t *testing.T, db *bun.DB) {
 	if len(ps) < 300 {
 		t.Fatalf("only %d probes", len(ps))
 	}
-	client := &http.Client{Transport: e.HTTPClient().Transport, Timeout: 2 * time.Second}
+	// Every REST answer is checked against the OpenAPI document (compiled
+	// once per binary): a refusal the document does not describe, or an
+	// answer from a route it lacks, fails the suite.
+	client := &http.Client{Transport: openapitest.Client(t, e.HTTPClient().Transport), Timeout: 2 * time.Second}
 	// The first JWKS read creates the signing key: not a write of a
 	// hostile request.
 	if res, err := client.Get(e.URL + "/oauth/jwks"); err == nil {

@@ -151,12 +151,15 @@ func (c *Checker) Check(req *http.Request, res *http.Response) error {
 		op = t.item.GetOperation(method)
 	}
 	if op == nil {
-		// The gateway answers a path or method it has no route for with
-		// 404 or 405 (a path it cleans, with a redirect). Anything else
-		// came from a route the document lacks.
+		// The gateway refuses a path or method it has no route for: 404
+		// or 405, or before that its gates' 401, 403, 413 or 415 (the
+		// vault's subtree); a path it cleans is redirected. An answer
+		// that is no refusal came from a route the document lacks.
+		if res.StatusCode >= 400 && res.StatusCode < 500 {
+			return nil
+		}
 		switch res.StatusCode {
-		case http.StatusNotFound, http.StatusMethodNotAllowed,
-			http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 			return nil
 		}
 		return fmt.Errorf("%s %s answered %d, but the OpenAPI document has no operation %s for this path: a route missing from the document",
