@@ -167,7 +167,8 @@ func (c *Checker) Check(req *http.Request, res *http.Response) error {
 	}
 	desc := fmt.Sprintf("%s %s (%s %s) answered %d %s", req.Method, trim(path), method, t.path, res.StatusCode, res.Header.Get("Content-Type"))
 	resp := op.Responses.Status(res.StatusCode)
-	if resp == nil {
+	if resp == nil && res.StatusCode >= 400 {
+		// default is for refusals: a success must be declared by status.
 		resp = op.Responses.Default()
 	}
 	if resp == nil || resp.Value == nil {
