@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/openapi"
 	"github.com/cohort-dev/cohort/internal/openapi/openapitest"
 )
@@ -53,15 +56,23 @@ func TestOpenAPIDocumentIsTheRouteTable(t *testing.T) {
 				t.Errorf("route %q is missing from the OpenAPI document", rt.pattern)
 				continue
 			}
-			for m := range item.Operations() {
+			for m, op := range item.Operations() {
 				registered[m+" "+path] = true
+				if got, want := schemes(op), wantSchemes[rt.access.Scope]; got != want {
+					t.Errorf("route %q admits scope %v; the document's security of %s is [%s], want [%s]", rt.pattern, rt.access.Scope, m, got, want)
+				}
 			}
 			continue
 		}
 		if !c.Operation(method, path) {
 			t.Errorf("route %q is missing from the OpenAPI document", rt.pattern)
+			continue
 		}
 		registered[method+" "+path] = true
+		// The document's security is what the route admits.
+		if got, want := schemes(c.Doc().Paths.Find(path).GetOperation(method)), wantSchemes[rt.access.Scope]; got != want {
+			t.Errorf("route %q admits scope %v; the document's security is [%s], want [%s]", rt.pattern, rt.access.Scope, got, want)
+		}
 	}
 	var extra []string
 	for path, item := range c.Doc().Paths.Map() {
@@ -78,6 +89,26 @@ func TestOpenAPIDocumentIsTheRouteTable(t *testing.T) {
 	if len(registered) < 25 {
 		t.Errorf("only %d REST operations found in the route table", len(registered))
 	}
+}
+
+// wantSchemes are the document's security schemes for each scope a route
+// may admit: a federation access token is the inference scope's.
+var wantSchemes = map[auth.Scope]string{auth.Public: "", auth.API: "apiKey", auth.Inference: "apiKey federationToken"}
+
+// schemes lists the security schemes an operation accepts, sorted; ""
+// for a public one. An operation must say (security: [] when public).
+func schemes(op *openapi3.Operation) string {
+	if op.Security == nil {
+		return "<not declared>"
+	}
+	var names []string
+	for _, req := range *op.Security {
+		for name := range req {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, " ")
 }
 
 // GET /api/v1/openapi.json serves the committed document without a key,
