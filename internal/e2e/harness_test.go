@@ -56,6 +56,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	openAPISummary()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

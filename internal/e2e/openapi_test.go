@@ -1,8 +1,10 @@
 package e2e_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"sync"
 	"testing"
 
@@ -45,4 +47,12 @@ func watchGateway(t testing.TB, p *proc) {
 	}
 	gateways.Store(u.Host, t)
 	t.Cleanup(func() { gateways.Delete(u.Host) })
+}
+
+// openAPISummary says how many answers were checked, so that a run whose
+// clients bypassed the check shows it.
+func openAPISummary() {
+	if c, _ := openapitest.Default(); c != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %d REST answers of the gateways held to an operation of the OpenAPI document\n", c.Checked())
+	}
 }

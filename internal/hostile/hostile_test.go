@@ -328,6 +328,9 @@ func hostile(t *testing.T, db *bun.DB) {
 	t.Logf("%d probes × 2 credentials × 2 rounds: statuses %v, %d connections closed unread, slowest %v",
 		len(ps), statuses, closed, slowest.Round(time.Millisecond))
 	t.Logf("live heap %d MB after the first round, %+d KB after the second", before>>20, grew>>10)
+	if c, _ := openapitest.Default(); c != nil {
+		t.Logf("%d REST answers (of this binary's suite so far) held to an operation of the OpenAPI document", c.Checked())
+	}
 	// Pools that grow to their bound (database connections) move it by a
 	// few MB; a request that left 2 KB behind would move it by over 20.
 	if grew > 12<<20 {

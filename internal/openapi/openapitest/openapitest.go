@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -23,14 +24,18 @@ import (
 	"github.com/cohort-dev/cohort/internal/openapi"
 )
 
-// connectPrefix is the Connect door's path prefix: its procedures are
-// described by the .proto files, not by the OpenAPI document.
-const connectPrefix = "/api/v1/cohort."
+// notREST are the path prefixes on the gateway's port that are not its
+// REST API, and so not in the document: the Connect door (its .proto
+// files describe it) and, with the Kubernetes provisioner, the intern
+// Pods' model relay (kubepods.RelayPath), which relays a model
+// provider's own API.
+var notREST = []string{"/api/v1/cohort.", "/intern-relay/"}
 
 // A Checker holds a parsed document and its path templates, compiled once.
 type Checker struct {
 	doc       *openapi3.T
 	templates []template
+	checked   atomic.Int64
 }
 
 // A template is one path of the document, split into segments; a
@@ -70,6 +75,10 @@ func New(document []byte) (*Checker, error) {
 	}
 	return c, nil
 }
+
+// Checked is how many answers Check has held to an operation of the
+// document.
+func (c *Checker) Checked() int64 { return c.checked.Load() }
 
 // Doc is the parsed document.
 func (c *Checker) Doc() *openapi3.T { return c.doc }
@@ -134,12 +143,17 @@ func (c *Checker) Operation(method, path string) bool {
 // Check checks res, the answer to req, against the document. It reads a
 // non-streaming body whole and gives res a fresh reader over it; a
 // text/event-stream body is left unread (its status and content type are
-// checked). Requests outside the REST doors (Connect procedures, CORS
-// preflights) are not checked.
+// checked). Requests outside the REST doors (notREST, CORS preflights)
+// are not checked.
 func (c *Checker) Check(req *http.Request, res *http.Response) error {
 	path := req.URL.EscapedPath()
-	if req.Method == http.MethodOptions || strings.HasPrefix(path, connectPrefix) {
+	if req.Method == http.MethodOptions {
 		return nil
+	}
+	for _, p := range notREST {
+		if strings.HasPrefix(path, p) {
+			return nil
+		}
 	}
 	method := req.Method
 	if method == http.MethodHead {
@@ -165,6 +179,7 @@ func (c *Checker) Check(req *http.Request, res *http.Response) error {
 		return fmt.Errorf("%s %s answered %d, but the OpenAPI document has no operation %s for this path: a route missing from the document",
 			req.Method, trim(path), res.StatusCode, method)
 	}
+	c.checked.Add(1)
 	desc := fmt.Sprintf("%s %s (%s %s) answered %d %s", req.Method, trim(path), method, t.path, res.StatusCode, res.Header.Get("Content-Type"))
 	resp := op.Responses.Status(res.StatusCode)
 	if resp == nil && res.StatusCode >= 400 {
