@@ -50,7 +50,13 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	if err := checkOpenAPI(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
 	code := m.Run()
+	openAPISummary()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -141,6 +147,9 @@ func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
 		t.Fatalf("%s exited before listening: %s\n%s", name, p.exit, p.stderr)
 	case <-time.After(wait):
 		t.Fatalf("%s did not listen within %v:\n%s", name, wait, p.stderr)
+	}
+	if name == "gateway" {
+		watchGateway(t, p)
 	}
 	return p
 }

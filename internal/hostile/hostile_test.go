@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	_ "github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/openapi/openapitest"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
 )
@@ -249,7 +250,10 @@ func hostile(t *testing.T, db *bun.DB) {
 	if len(ps) < 300 {
 		t.Fatalf("only %d probes", len(ps))
 	}
-	client := &http.Client{Transport: e.HTTPClient().Transport, Timeout: 2 * time.Second}
+	// Every REST answer is checked against the OpenAPI document (compiled
+	// once per binary): a refusal the document does not describe, or an
+	// answer from a route it lacks, fails the suite.
+	client := &http.Client{Transport: openapitest.Client(t, e.HTTPClient().Transport), Timeout: 2 * time.Second}
 	// The first JWKS read creates the signing key: not a write of a
 	// hostile request.
 	if res, err := client.Get(e.URL + "/oauth/jwks"); err == nil {
@@ -324,6 +328,9 @@ func hostile(t *testing.T, db *bun.DB) {
 	t.Logf("%d probes × 2 credentials × 2 rounds: statuses %v, %d connections closed unread, slowest %v",
 		len(ps), statuses, closed, slowest.Round(time.Millisecond))
 	t.Logf("live heap %d MB after the first round, %+d KB after the second", before>>20, grew>>10)
+	if c, _ := openapitest.Default(); c != nil {
+		t.Logf("%d REST answers (of this binary's suite so far) held to an operation of the OpenAPI document", c.Checked())
+	}
 	// Pools that grow to their bound (database connections) move it by a
 	// few MB; a request that left 2 KB behind would move it by over 20.
 	if grew > 12<<20 {

@@ -21,6 +21,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interns"
+	"github.com/cohort-dev/cohort/internal/openapi"
 	"github.com/cohort-dev/cohort/internal/rest"
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/vault"
@@ -166,6 +167,10 @@ func (s *Server) routes() []route {
 		{pattern: "POST " + Prefix + "/webhooks/endpoints/{id}/rotate-secret", access: apiKeys, reasons: true, handler: hooks.Rotate},
 		{pattern: "GET " + Prefix + "/webhooks/endpoints/{id}/deliveries", access: apiKeys, reasons: true, handler: hooks.Deliveries},
 		{pattern: "POST " + Prefix + "/webhooks/deliveries/{id}/redeliver", access: apiKeys, reasons: true, handler: hooks.Redeliver},
+
+		// The OpenAPI document of the REST routes above and below (ADR
+		// 0901): public, as tooling reads it before it holds a key.
+		{pattern: "GET " + Prefix + "/openapi.json", access: public, handler: openapi.Serve},
 
 		{pattern: "GET /healthz", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
 			rest.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
