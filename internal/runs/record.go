@@ -493,7 +493,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 			Owner string `bun:"lease_owner"`
 		}
 		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
-			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.In([]string{"", m.owner})).
+			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
 			Where(`NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
 				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 				AND l.classid = ? AND l.objid = (hashtext("run".lease_owner)::bigint & 4294967295)::oid AND l.objsubid = 2)`, liveNS).

@@ -109,7 +109,7 @@ func (f *fixture) newReplica(t *testing.T, lease time.Duration, n *ends) *replic
 func (f *fixture) orphan(t *testing.T, until *time.Time, ids ...string) {
 	t.Helper()
 	if _, err := f.e.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", "gw_killed").Set("lease_until = ?", until).
-		Where("id IN (?)", bun.In(ids)).Exec(context.Background()); err != nil {
+		Where("id IN (?)", bun.List(ids)).Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	f.e.Server.Runs.Close()

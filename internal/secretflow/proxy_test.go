@@ -396,7 +396,7 @@ func TestProxyCAKeyStaysWrapped(t *testing.T) {
 	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.localhost", Roots: pool}); err != nil {
 		t.Fatal(err)
 	}
-	if life := leaf.Leaf.NotAfter.Sub(time.Now()); life > vault.LeafLife {
+	if life := time.Until(leaf.Leaf.NotAfter); life > vault.LeafLife {
 		t.Fatalf("the leaf lives %v", life)
 	}
 }
