@@ -25,31 +25,50 @@ import (
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg := config.Default()
+// serveFlags are serve's flags, declared on their flag set (defaults from
+// cfg and the COHORT_* variables), and what checks them once parsed.
+type serveFlags struct {
+	fs                                                               *flag.FlagSet
+	corsOrigins, regional, egressAllow, toolCA, internBinary, jailRO *string
+	chat, background, fleet, limits                                  func() error
+	backend                                                          func() (provision.Setup, string, error)
+}
+
+// newServeFlags declares serve's flags into cfg; usage goes to out.
+func newServeFlags(cfg *config.Config, out io.Writer) *serveFlags {
+	s := &serveFlags{}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(out)
 	fs.StringVar(&cfg.Listen, "listen", env("COHORT_LISTEN", cfg.Listen), "address for HTTP/1.1 and h2c (COHORT_LISTEN)")
-	dbFlags(fs, &cfg)
+	dbFlags(fs, cfg)
 	fs.BoolVar(&cfg.NoBootstrap, "no-bootstrap", envBool("COHORT_NO_BOOTSTRAP", false), "do not create the default organization and keys on an empty database (COHORT_NO_BOOTSTRAP)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("COHORT_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error (COHORT_LOG_LEVEL)")
-	backend := provision.Flags(fs, cfg.Provisioner)
-	corsOrigins := fs.String("cors-allow-origins", env("COHORT_CORS_ALLOW_ORIGINS", ""), "comma-separated origins (https://app.example.com) whose browser pages may call the API from another origin; empty: none (COHORT_CORS_ALLOW_ORIGINS)")
-	regional := fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
+	s.backend = provision.Flags(fs, cfg.Provisioner)
+	s.corsOrigins = fs.String("cors-allow-origins", env("COHORT_CORS_ALLOW_ORIGINS", ""), "comma-separated origins (https://app.example.com) whose browser pages may call the API from another origin; empty: none (COHORT_CORS_ALLOW_ORIGINS)")
+	s.regional = fs.String("regional-hosts", env("COHORT_REGIONAL_HOSTS", ""), "comma-separated regional API hostnames on which the vault refuses requests (COHORT_REGIONAL_HOSTS)")
 	fs.BoolVar(&cfg.UnsafeSharedHost, "unsafe-shared-host", envBool("COHORT_UNSAFE_SHARED_HOST", false), "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys (COHORT_UNSAFE_SHARED_HOST)")
-	egressAllow := fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
-	toolCA := fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA (COHORT_HTTP_TOOL_CA_FILE)")
-	internBinary := fs.String("intern-binary", env("COHORT_INTERN_BINARY", ""), "with local, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning (COHORT_INTERN_BINARY)")
-	jailRO := fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
-	federationFlags(fs, &cfg)
-	webhookFlags(fs, &cfg)
+	s.egressAllow = fs.String("intern-egress-allow-hosts", env("COHORT_INTERN_EGRESS_ALLOW_HOSTS", ""), "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never (COHORT_INTERN_EGRESS_ALLOW_HOSTS)")
+	s.toolCA = fs.String("http-tool-ca-file", env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA (COHORT_HTTP_TOOL_CA_FILE)")
+	s.internBinary = fs.String("intern-binary", env("COHORT_INTERN_BINARY", ""), "with local, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning (COHORT_INTERN_BINARY)")
+	s.jailRO = fs.String("jail-ro-bind", env("COHORT_JAIL_RO_BIND", ""), "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
+	federationFlags(fs, cfg)
+	webhookFlags(fs, cfg)
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("COHORT_METRICS_LISTEN", ""), "address of a separate listener serving Prometheus metrics at /metrics; empty: none (COHORT_METRICS_LISTEN)")
-	chat := chatFlags(fs, &cfg)
-	background := backgroundFlags(fs, &cfg)
-	fleet := fleetFlags(fs, &cfg)
-	limits := limitFlags(fs, &cfg.InternLimits, "with local")
-	agentFlags(fs, &cfg)
+	s.chat = chatFlags(fs, cfg)
+	s.background = backgroundFlags(fs, cfg)
+	s.fleet = fleetFlags(fs, cfg)
+	s.limits = limitFlags(fs, &cfg.InternLimits, "with local")
+	agentFlags(fs, cfg)
 	fs.Usage = groupedUsage(fs, "serve", serveGroups)
+	s.fs = fs
+	return s
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	flags := newServeFlags(&cfg, stderr)
+	fs, corsOrigins, regional, egressAllow, toolCA, internBinary, jailRO := flags.fs, flags.corsOrigins, flags.regional, flags.egressAllow, flags.toolCA, flags.internBinary, flags.jailRO
+	chat, background, fleet, limits, backend := flags.chat, flags.background, flags.fleet, flags.limits, flags.backend
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

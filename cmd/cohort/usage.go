@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -68,4 +69,50 @@ func groupedUsage(fs *flag.FlagSet, command string, groups []flagGroup) func() {
 		})
 		print("Other", rest)
 	}
+}
+
+// envOfUsage is the COHORT_* variable a flag's usage names (the last one
+// it names), and the usage without a closing "(COHORT_…)" that only
+// names it.
+func envOfUsage(usage string) (variable, text string) {
+	vars := envName.FindAllString(usage, -1)
+	if len(vars) == 0 {
+		return "", usage
+	}
+	variable = vars[len(vars)-1]
+	return variable, strings.TrimSpace(strings.TrimSuffix(usage, "("+variable+")"))
+}
+
+var envName = regexp.MustCompile(`COHORT_[A-Z0-9_]+`)
+
+// hostDefaults are defaults computed on the host at start: the reference
+// names the rule, not this machine's value.
+var hostDefaults = map[string]string{
+	"intern-cpus": "the host's CPUs but one (at least 1)",
+}
+
+// flagReference is the reference table of fs's flags by group, in
+// Markdown, as docs/configuration.md holds it (TestFlagReferenceIsFresh).
+func flagReference(fs *flag.FlagSet, groups []flagGroup) string {
+	var b strings.Builder
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	for _, g := range groups {
+		fmt.Fprintf(&b, "\n### %s\n\n| flag | variable | default | meaning |\n|---|---|---|---|\n", g.title)
+		for _, n := range g.names {
+			f := fs.Lookup(n)
+			if f == nil {
+				continue
+			}
+			variable, text := envOfUsage(f.Usage)
+			def := "`" + f.DefValue + "`"
+			switch {
+			case hostDefaults[n] != "":
+				def = hostDefaults[n]
+			case f.DefValue == "" || f.DefValue == "[]":
+				def = "empty"
+			}
+			fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s |\n", n, variable, cell(def), cell(text))
+		}
+	}
+	return b.String()
 }
