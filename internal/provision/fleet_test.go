@@ -20,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
@@ -32,7 +33,7 @@ import (
 // before anything starts. It does not start the provisioner.
 func localEnv(t testing.TB, db *bun.DB, jailed bool, tune func(*provision.Provisioner)) (*testenv.Env, *provision.Provisioner) {
 	t.Helper()
-	bin := internBinary(t)
+	bin := provisiontest.InternBinary(t)
 	dataDir := t.TempDir()
 	var prov *provision.Provisioner
 	e := testenv.New(t, db, func(s *server.Server) {
@@ -94,25 +95,25 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		}
 		e, prov := fleetEnv(t, db, func(p *provision.Provisioner) { p.Sweep = sweep })
 		ctx := context.Background()
-		testutil.Eventually(t, waitLimit, "the bootstrap intern runs", func() bool { return state(t, db, e.InternID) == store.InternRunning })
+		testutil.Eventually(t, provisiontest.WaitLimit, "the bootstrap intern runs", func() bool { return state(t, db, e.InternID) == store.InternRunning })
 
 		created, err := cli(db).Create(ctx, e.Operator(), &cohortv1.CreateInternRequest{WorkspaceId: e.WorkspaceID, Name: "from-cli"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		id := created.GetId()
-		testutil.Eventually(t, waitLimit, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
+		testutil.Eventually(t, provisiontest.WaitLimit, "the CLI's intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
 		pid := local(prov).DaemonPID(id)
 		if _, err := cli(db).Suspend(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the suspended intern's daemon stops", func() bool { return local(prov).DaemonPID(id) == 0 && !alive(pid) })
+		testutil.Eventually(t, provisiontest.WaitLimit, "the suspended intern's daemon stops", func() bool { return local(prov).DaemonPID(id) == 0 && !alive(pid) })
 
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
+		testutil.Eventually(t, provisiontest.WaitLimit, "the resumed intern runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
 		// Suspended and resumed before the gateway looks: nothing to stop,
 		// and the row must not stay provisioning (it used to, for good).
@@ -122,13 +123,13 @@ func TestReconcilerFollowsTheDatabase(t *testing.T) {
 		if _, err := cli(db).Resume(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
+		testutil.Eventually(t, provisiontest.WaitLimit, "the intern resumed at once runs", func() bool { return state(t, db, id) == store.InternRunning && local(prov).DaemonPID(id) != 0 })
 
 		pid = local(prov).DaemonPID(id)
 		if _, err := cli(db).Delete(ctx, e.Operator(), id); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "the deleted intern's daemon and directory go", func() bool {
+		testutil.Eventually(t, provisiontest.WaitLimit, "the deleted intern's daemon and directory go", func() bool {
 			_, err := os.Stat(filepath.Join(local(prov).DataDir, "interns", id))
 			return local(prov).DaemonPID(id) == 0 && !alive(pid) && os.IsNotExist(err)
 		})
@@ -160,7 +161,7 @@ func TestSleepAndWake(t *testing.T) {
 			p.Sweep = 100 * time.Millisecond
 		})
 		id := e.InternID
-		testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
+		testutil.Eventually(t, provisiontest.WaitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
 		out := chatTurn(t, e, id, `{"stream":true,"messages":[{"role":"user","content":"remember me"}]}`)
 		m := sessionRE.FindStringSubmatch(out)
 		if m == nil {
@@ -168,7 +169,7 @@ func TestSleepAndWake(t *testing.T) {
 		}
 		session := m[1]
 		pid := local(prov).DaemonPID(id)
-		testutil.Eventually(t, waitLimit, "asleep", func() bool {
+		testutil.Eventually(t, provisiontest.WaitLimit, "asleep", func() bool {
 			return state(t, db, id) == store.InternSleeping && local(prov).DaemonPID(id) == 0 && !alive(pid)
 		})
 		if _, err := os.Stat(filepath.Join(local(prov).DataDir, "interns", id, "sessions")); err != nil {
@@ -204,7 +205,7 @@ func TestSleepAndWake(t *testing.T) {
 		if !strings.Contains(out, "held") {
 			t.Fatalf("the reply did not finish the run: %s", out)
 		}
-		testutil.Eventually(t, waitLimit, "asleep after the run", func() bool { return state(t, db, id) == store.InternSleeping })
+		testutil.Eventually(t, provisiontest.WaitLimit, "asleep after the run", func() bool { return state(t, db, id) == store.InternSleeping })
 
 		// Concurrent turns to the sleeping intern wake it once.
 		before := strings.Count(e.Logs(), "intern daemon running")
@@ -249,7 +250,7 @@ func TestMaxAwakeEvictsTheLeastRecentlyUsed(t *testing.T) {
 		return c.GetId()
 	}
 	b := mk("b")
-	testutil.Eventually(t, waitLimit, "two awake", func() bool { return state(t, db, a) == store.InternRunning && state(t, db, b) == store.InternRunning })
+	testutil.Eventually(t, provisiontest.WaitLimit, "two awake", func() bool { return state(t, db, a) == store.InternRunning && state(t, db, b) == store.InternRunning })
 	chatTurn(t, e, a, `{"stream":true,"messages":[{"role":"user","content":"a is used last"}]}`)
 
 	c := mk("c")
@@ -292,11 +293,11 @@ func sleepingIntern(t *testing.T) (*bun.DB, *testenv.Env, *provision.Provisioner
 		p.IdleTimeout = time.Hour
 	})
 	id := e.InternID
-	testutil.Eventually(t, waitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
+	testutil.Eventually(t, provisiontest.WaitLimit, "running", func() bool { return state(t, db, id) == store.InternRunning })
 	if _, err := db.NewUpdate().Model((*store.Intern)(nil)).Set("state = ?", store.InternSleeping).Where("id = ?", id).Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, waitLimit, "asleep", func() bool { return local(prov).DaemonPID(id) == 0 })
+	testutil.Eventually(t, provisiontest.WaitLimit, "asleep", func() bool { return local(prov).DaemonPID(id) == 0 })
 	return db, e, prov, id
 }
 

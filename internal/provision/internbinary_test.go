@@ -11,6 +11,7 @@ import (
 
 	"github.com/uptrace/bun"
 
+	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"
@@ -27,8 +28,8 @@ func TestLocalInternRunsSmallBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := e.InternID
-		testutil.Eventually(t, waitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
-		small := fileSum(t, internBinary(t))
+		testutil.Eventually(t, provisiontest.WaitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
+		small := fileSum(t, provisiontest.InternBinary(t))
 		// The first turn waits for the agent to be up.
 		if out := chatTurn(t, e, id, `{"stream":true,"messages":[{"role":"user","content":"hello small"}]}`); !strings.Contains(out, "[DONE]") {
 			t.Fatalf("turn: %s", out)
@@ -41,7 +42,7 @@ func TestLocalInternRunsSmallBinary(t *testing.T) {
 			// compare what runs.
 			if fileSum(t, fmt.Sprintf("/proc/%d/exe", pid)) != small {
 				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-				t.Fatalf("the %s (pid %d, %q) does not run %s", name, pid, cmdline, internBinary(t))
+				t.Fatalf("the %s (pid %d, %q) does not run %s", name, pid, cmdline, provisiontest.InternBinary(t))
 			}
 		}
 	})

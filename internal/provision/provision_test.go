@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -30,52 +29,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/testenv"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
-
-var build struct {
-	sync.Once
-	bin string
-	err error
-}
-
-// cohortBinary builds the real cohort command once per test run, with
-// cohort-intern beside it as they ship (internBinary).
-func cohortBinary(t testing.TB) string {
-	t.Helper()
-	build.Do(func() {
-		dir, err := os.MkdirTemp("", "cohort-bin-")
-		if err != nil {
-			build.err = err
-			return
-		}
-		build.bin = filepath.Join(dir, "cohort")
-		for _, cmd := range []string{"cohort", localjail.InternBinaryName} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "github.com/cohort-dev/cohort/cmd/"+cmd).CombinedOutput()
-			if err != nil {
-				build.err = err
-				build.bin = string(out)
-				return
-			}
-		}
-	})
-	if build.err != nil {
-		t.Fatalf("go build: %v\n%s", build.err, build.bin)
-	}
-	return build.bin
-}
-
-// internBinary is the small binary of an intern's jail, built beside
-// cohortBinary: what a gateway's local interns run from, as it ships.
-func internBinary(t testing.TB) string {
-	return filepath.Join(filepath.Dir(cohortBinary(t)), localjail.InternBinaryName)
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if build.bin != "" {
-		os.RemoveAll(filepath.Dir(build.bin))
-	}
-	os.Exit(code)
-}
 
 func loadIntern(t *testing.T, db *bun.DB, id string) *store.Intern {
 	t.Helper()
@@ -85,9 +38,6 @@ func loadIntern(t *testing.T, db *bun.DB, id string) *store.Intern {
 	}
 	return &in
 }
-
-// waitLimit bounds every wait of these tests for the fleet to act.
-const waitLimit = 45 * time.Second
 
 // local is the local jails' backend of a fleet the tests built.
 func local(p *provision.Provisioner) *localjail.Backend { return p.Backend.(*localjail.Backend) }
@@ -130,7 +80,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if err := prov.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
+		testutil.Eventually(t, provisiontest.WaitLimit, "running", func() bool { return loadIntern(t, db, id).State == store.InternRunning })
 		// The daemon is told where the gateway's vault is (in a jail: the
 		// gateway relay), and a jailed one runs under the jail's init.
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", local(prov).DaemonPID(id)))
@@ -173,7 +123,7 @@ func testLocalLifecycle(t *testing.T, jailed bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "second running", func() bool { return loadIntern(t, db, created.GetId()).State == store.InternRunning })
+		testutil.Eventually(t, provisiontest.WaitLimit, "second running", func() bool { return loadIntern(t, db, created.GetId()).State == store.InternRunning })
 		if a, b := loadIntern(t, db, id), loadIntern(t, db, created.GetId()); a.DaemonURL == b.DaemonURL || a.DaemonSecret == b.DaemonSecret {
 			t.Fatal("two interns share a daemon or a secret")
 		}
@@ -290,6 +240,6 @@ func TestRemoteRegister(t *testing.T) {
 		if _, err := e.Server.Interns.Resume(ctx, e.Operator(), e.InternID); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, waitLimit, "resumed remote running", func() bool { return loadIntern(t, db, e.InternID).State == store.InternRunning })
+		testutil.Eventually(t, provisiontest.WaitLimit, "resumed remote running", func() bool { return loadIntern(t, db, e.InternID).State == store.InternRunning })
 	})
 }
