@@ -325,46 +325,58 @@ var lifecycle = []struct {
 	}},
 }
 
-var build struct {
-	sync.Once
-	dir string
-	err error
-}
-
-// CohortBinary builds the real cohort command once per test binary, with
-// cohort-intern beside it as they ship (InternBinary). They are built in
-// the test binary's own directory, go test's work directory, which go
-// test removes when it ends: no TestMain needed to clean up.
+// CohortBinary is the real cohort command, built once per test binary.
 func CohortBinary(t testing.TB) string {
 	t.Helper()
-	build.Do(func() {
-		exe, err := os.Executable()
-		if err != nil {
-			build.err = err
-			return
-		}
-		if build.dir, err = os.MkdirTemp(filepath.Dir(exe), "cohort-bin-"); err != nil {
-			build.err = err
-			return
-		}
-		for _, cmd := range []string{"cohort", localjail.InternBinaryName} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(build.dir, cmd), "github.com/cohort-dev/cohort/cmd/"+cmd).CombinedOutput()
-			if err != nil {
-				build.err = fmt.Errorf("go build: %v\n%s", err, out)
-				return
-			}
-		}
-	})
-	if build.err != nil {
-		t.Fatal(build.err)
-	}
-	return filepath.Join(build.dir, "cohort")
+	return binary(t, "cohort")
 }
 
-// InternBinary is the small binary of an intern's jail, built beside
-// CohortBinary: what a gateway's local interns run from, as it ships.
+// InternBinary is cohort-intern, the small binary of an intern's jail,
+// built once per test binary: what a gateway's local interns run from, as
+// it ships.
 func InternBinary(t testing.TB) string {
-	return filepath.Join(filepath.Dir(CohortBinary(t)), localjail.InternBinaryName)
+	t.Helper()
+	return binary(t, localjail.InternBinaryName)
+}
+
+// built holds the commands built so far (each once; a failure is kept)
+// in one directory inside the test binary's own: go test's work
+// directory, which go test removes when it ends, so that no TestMain is
+// needed to clean up.
+var built struct {
+	sync.Mutex
+	dir  string
+	errs map[string]error
+}
+
+// binary builds cmd/<cmd> unless built, and returns its path; a caller
+// waits for a build under way.
+func binary(t testing.TB, cmd string) string {
+	t.Helper()
+	built.Lock()
+	defer built.Unlock()
+	if built.dir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if built.dir, err = os.MkdirTemp(filepath.Dir(exe), "cohort-bin-"); err != nil {
+			t.Fatal(err)
+		}
+		built.errs = map[string]error{}
+	}
+	path := filepath.Join(built.dir, cmd)
+	err, ok := built.errs[cmd]
+	if !ok {
+		if out, berr := exec.Command("go", "build", "-o", path, "github.com/cohort-dev/cohort/cmd/"+cmd).CombinedOutput(); berr != nil {
+			err = fmt.Errorf("go build %s: %v\n%s", cmd, berr, out)
+		}
+		built.errs[cmd] = err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // Daemon is an intern's daemon served from the test's own process on a
