@@ -325,58 +325,68 @@ var lifecycle = []struct {
 	}},
 }
 
-// CohortBinary is the real cohort command, built once per test binary.
+// CohortBinary is the real cohort command, built once (binary).
 func CohortBinary(t testing.TB) string {
 	t.Helper()
 	return binary(t, "cohort")
 }
 
 // InternBinary is cohort-intern, the small binary of an intern's jail,
-// built once per test binary: what a gateway's local interns run from, as
+// built once (binary): what a gateway's local interns run from, as
 // it ships.
 func InternBinary(t testing.TB) string {
 	t.Helper()
 	return binary(t, localjail.InternBinaryName)
 }
 
-// built holds the commands built so far (each once; a failure is kept)
-// in one directory inside the test binary's own: go test's work
-// directory, which go test removes when it ends, so that no TestMain is
-// needed to clean up.
+// built holds the commands built so far (each once; a failure is kept).
 var built struct {
 	sync.Mutex
-	dir  string
-	errs map[string]error
+	paths map[string]string
+	errs  map[string]error
 }
 
-// binary builds cmd/<cmd> unless built, and returns its path; a caller
-// waits for a build under way.
+// binary is where cmd/<cmd> is built, in the Go build cache: go run caches
+// the executables it links, so a command is linked once per source, not
+// once per test binary (each backend's package has its own), and nothing
+// is left to clean up. A caller waits for a build under way.
 func binary(t testing.TB, cmd string) string {
 	t.Helper()
 	built.Lock()
 	defer built.Unlock()
-	if built.dir == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if built.dir, err = os.MkdirTemp(filepath.Dir(exe), "cohort-bin-"); err != nil {
-			t.Fatal(err)
-		}
-		built.errs = map[string]error{}
+	if built.paths == nil {
+		built.paths, built.errs = map[string]string{}, map[string]error{}
 	}
-	path := filepath.Join(built.dir, cmd)
-	err, ok := built.errs[cmd]
-	if !ok {
-		if out, berr := exec.Command("go", "build", "-o", path, "github.com/cohort-dev/cohort/cmd/"+cmd).CombinedOutput(); berr != nil {
-			err = fmt.Errorf("go build %s: %v\n%s", cmd, berr, out)
-		}
-		built.errs[cmd] = err
+	if _, ok := built.paths[cmd]; !ok {
+		built.paths[cmd], built.errs[cmd] = build(cmd)
 	}
-	if err != nil {
+	if err := built.errs[cmd]; err != nil {
 		t.Fatal(err)
 	}
-	return path
+	return built.paths[cmd]
+}
+
+// build has go run print the executable's path (-exec echo) instead of
+// running it. Go run answers with its work directory's copy, gone when it
+// exits, when it has just linked the command (and cached it): the second
+// run answers with the cache's.
+func build(cmd string) (string, error) {
+	var path string
+	for range 2 {
+		out, err := exec.Command("go", "run", "-exec", "echo", "github.com/cohort-dev/cohort/cmd/"+cmd).Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			return "", fmt.Errorf("go run -exec echo %s: %v\n%s", cmd, err, stderr)
+		}
+		path = strings.TrimSpace(string(out))
+		if fi, err := os.Stat(path); err == nil && filepath.IsAbs(path) && fi.Mode().IsRegular() {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("go run -exec echo %s: %q, not in the Go build cache (GOCACHE off?)", cmd, path)
 }
 
 // Daemon is an intern's daemon served from the test's own process on a
