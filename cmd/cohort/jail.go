@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/interncmd"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/jail"
-	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/vault"
 )
@@ -55,7 +55,7 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 	}
 	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")),
-		ModelAPIKey: key, Placeholder: provision.KeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
+		ModelAPIKey: key, Placeholder: agents.KeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
 	if err != nil {
 		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
@@ -75,7 +75,7 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 		relay.SetSecrets(vault.RemoteProxyDoor{Gateway: gw, InternID: o.InternID, CA: ca})
 	}
 	if key != "" {
-		jc.ModelKeyPlaceholder = provision.KeyPlaceholder
+		jc.ModelKeyPlaceholder = agents.KeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/uptrace/bun"
@@ -65,8 +64,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return interncmd.Intern(ctx, args[1:], stdout, stderr, runJailedDaemon)
 	case "agent":
 		return interncmd.Agent(ctx, args[1:], os.Stdin, stdout, stderr)
-	case "bench":
-		return errors.New(strings.TrimSpace("the load commands left the product binary: go run ./cmd/cohort-bench " + strings.Join(args[1:], " ")))
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, buildinfo.Get())
 		return nil

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -102,7 +102,7 @@ func TestAgentAuthentication(t *testing.T) {
 			if !strings.Contains(msg, "the agent refused a new session: Authentication required: call authenticate with method test-login first (key [redacted])") {
 				t.Fatalf("message %q lacks the agent's demand, its key redacted", msg)
 			}
-			for _, secret := range []string{realKey, provision.KeyPlaceholder} {
+			for _, secret := range []string{realKey, agents.KeyPlaceholder} {
 				if strings.Contains(string(body), secret) || strings.Contains(gw.stderr.String(), secret) {
 					t.Fatalf("%q reached the caller or the log:\n%s", secret, body)
 				}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/agents"
 )
 
 // reflectingModel is a model endpoint that hands each request back, as
@@ -80,7 +80,7 @@ func TestEscapeModelKeyReflection(t *testing.T) {
 	tg := &target{c: c, gw: gw}
 	tg.waitRunning(t, c.Demo)
 
-	ph := provision.KeyPlaceholder
+	ph := agents.KeyPlaceholder
 	curl := func(args string) string {
 		return `curl -sS -i --max-time 20 ` + args + ` 2>&1; echo`
 	}

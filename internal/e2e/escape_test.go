@@ -24,9 +24,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/internd"
-	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"
@@ -178,7 +178,7 @@ func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
 		{name: "ask the egress proxy for a .localhost name", command: `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7103; printf "CONNECT db.localhost:5432 HTTP/1.1\r\nHost: db.localhost:5432\r\n\r\n" >&3; head -c 40 <&3' 2>&1`, success: []string{"HTTP/1.1 200"}},
 		// The gateway's model relay of intern Pods is served only with the Kubernetes
 		// provisioner: a jail reaching the gateway's API finds no such path.
-		{name: "use the Pods' model relay through the gateway relay", command: `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7102; printf "GET /intern-relay/` + tg.c.Demo + `/token/v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer ` + provision.KeyPlaceholder + `\r\nConnection: close\r\n\r\n" >&3; head -c 300 <&3' 2>&1`,
+		{name: "use the Pods' model relay through the gateway relay", command: `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7102; printf "GET /intern-relay/` + tg.c.Demo + `/token/v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer ` + agents.KeyPlaceholder + `\r\nConnection: close\r\n\r\n" >&3; head -c 300 <&3' 2>&1`,
 			success: []string{"model endpoint", "authentication_error"}},
 		// Without tracing there is no trace relay in the jail.
 		{name: "reach a trace relay the gateway does not run", command: connect("7104"), success: []string{"reached-1007104"}},

@@ -27,7 +27,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/kubetest"
 	"github.com/cohort-dev/cohort/internal/modelserver"
-	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
@@ -477,7 +476,7 @@ func TestKubernetesModelRelay(t *testing.T) {
 	post := func(path string) int {
 		req, _ := http.NewRequest("POST", f.b.URL+path, strings.NewReader(`{"model":"`+upModel+`","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+provision.KeyPlaceholder)
+		req.Header.Set("Authorization", "Bearer "+agents.KeyPlaceholder)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -9,10 +9,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 )
 
-// KeyPlaceholder is the model key agents in a jail or Pod send: the model
-// relay puts the real one in its place, so the key never enters either.
-const KeyPlaceholder = agents.KeyPlaceholder
-
 // AgentRun is how one intern's daemon runs its agent: `cohort intern`
 // flags, and for a third-party agent its own model endpoint. Backends that
 // start daemons share it.
@@ -60,7 +56,7 @@ func (a Agents) run(r agents.Resolved, jailed bool) (AgentRun, error) {
 		run := AgentRun{Upstream: r.Endpoint, KeySecret: r.Profile.KeySecret, Modules: a.Catalog.Modules,
 			Flags: []string{"--agent", r.Name, "--agent-modules", a.Catalog.Modules}}
 		if jailed {
-			run.Flags = append(run.Flags, "--agent-key-placeholder", KeyPlaceholder)
+			run.Flags = append(run.Flags, "--agent-key-placeholder", agents.KeyPlaceholder)
 		} else {
 			// Unjailed there is no relay to add the key: the agent calls its
 			// endpoint directly and gets none (docs/agents.md).

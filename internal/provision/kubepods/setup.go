@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/provision"
@@ -132,14 +133,14 @@ func (s *setup) Prepare(_ context.Context, env provision.Env) (func(), error) {
 	root := strings.TrimRight(*s.gatewayURL, "/")
 	s.kc.GatewayURL, s.kc.RelayURL = root+env.APIPrefix, root+RelayPath
 	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
-		Placeholder: provision.KeyPlaceholder, Log: env.Log.With("component", "egress")})
+		Placeholder: agents.KeyPlaceholder, Log: env.Log.With("component", "egress")})
 	if err != nil {
 		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	s.relay = relay
 	s.kc.ModelPath, s.kc.AgentEnv = relay.ModelPath(), cfg.AgentEnv
 	if cfg.AgentAPIKey != "" {
-		s.kc.ModelKeyPlaceholder = provision.KeyPlaceholder
+		s.kc.ModelKeyPlaceholder = agents.KeyPlaceholder
 	}
 	return func() { relay.Close() }, nil
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/jail"
@@ -167,7 +168,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, 
 		traces, tracesHeaders = telemetry.TracesEndpoint()
 	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
-		Placeholder: provision.KeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
+		Placeholder: agents.KeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
 		UpstreamRoots: pemCerts(toolCA), Log: log.With("component", "egress")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
@@ -176,7 +177,7 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, 
 		Orphan: cfg.JailOrphanTimeout, Limits: Limits(cfg.InternLimits),
 		Hide: HiddenPaths(append([]string{cfg.DataDir, cfg.KEKPath(), cfg.SQLitePath()}, BinaryDir()...)...)}
 	if cfg.AgentAPIKey != "" {
-		jc.ModelKeyPlaceholder = provision.KeyPlaceholder
+		jc.ModelKeyPlaceholder = agents.KeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
 		relay.Close()
