@@ -11,7 +11,7 @@ import (
 
 	"github.com/uptrace/bun"
 
-	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
+	"github.com/cohort-dev/cohort/internal/provisiontest"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"

@@ -15,7 +15,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/kubetest"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/kubepods"
-	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
+	"github.com/cohort-dev/cohort/internal/provisiontest"
 	"github.com/cohort-dev/cohort/internal/server"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/provision/provisiontest"
+	"github.com/cohort-dev/cohort/internal/provisiontest"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
 )
 
