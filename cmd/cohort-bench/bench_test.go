@@ -55,7 +55,9 @@ func cohortBin(t *testing.T) string {
 			return
 		}
 		built.bin = filepath.Join(built.dir, "cohort")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// A first build of the static cohort-intern compiles the standard
+		// library anew (CGO_ENABLED=0): minutes on a loaded 2-core machine.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		built.err = buildCohort(ctx, built.bin)
 	})
