@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
@@ -52,7 +51,7 @@ func openAdminDB(ctx context.Context, cfg config.Config, init bool) (*bun.DB, er
 	}
 	// In memory nothing outlives the command, so there is nothing to refuse.
 	if store.IsPostgres(cfg.DatabaseURL) || onDisk {
-		ok, err := hasSchema(ctx, db)
+		ok, err := store.HasSchema(ctx, db)
 		if err != nil {
 			db.Close()
 			return nil, fmt.Errorf("read the database's migrations: %w", err)
@@ -71,23 +70,6 @@ func openAdminDB(ctx context.Context, cfg config.Config, init bool) (*bun.DB, er
 		return nil, err
 	}
 	return db, nil
-}
-
-// hasSchema reports whether Cohort's migrations ever ran on db: bun's
-// migrations table exists and lists at least one.
-func hasSchema(ctx context.Context, db *bun.DB) (bool, error) {
-	q := "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'bun_migrations'"
-	if db.Dialect().Name() == dialect.PG {
-		q = "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'bun_migrations'"
-	}
-	var n int
-	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 0 {
-		return false, err
-	}
-	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM bun_migrations").Scan(&n); err != nil {
-		return false, err
-	}
-	return n > 0, nil
 }
 
 // pgName names a PostgreSQL database for an error without its password.

@@ -17,7 +17,6 @@ import (
 	"sync"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/keys"
@@ -167,10 +166,7 @@ func (a *Authenticator) stmt(byID bool, j *Join) (*sql.Stmt, error) {
 		return st, nil
 	}
 	// SQLite's numbered ?NNN lets the join's argument come first in the text.
-	kph, jph := "?1", "?2"
-	if a.DB.Dialect().Name() == dialect.PG {
-		kph, jph = "$1", "$2"
-	}
+	kph, jph := store.Placeholder(a.DB, 1), store.Placeholder(a.DB, 2)
 	var cols, clause string
 	if j != nil {
 		cols, clause = j.SQL(jph)

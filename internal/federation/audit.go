@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -101,8 +101,8 @@ func (a *auditWriter) loop() {
 // multi-row executions in one transaction, prepared once.
 const auditChunk = 32
 
-// auditInsert is the INSERT of n rows with the dialect's placeholders.
-func auditInsert(pg bool, n int) string {
+// auditInsert is the INSERT of n rows with db's placeholders.
+func auditInsert(db bun.IDB, n int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO federation_exchanges (id, organization_id, policy_id, issuer_id, at, outcome, failed_check,
 		detail, subject, source_address, token_id, api_key_id) VALUES `)
@@ -117,11 +117,7 @@ func auditInsert(pg bool, n int) string {
 				b.WriteString(", ")
 			}
 			p++
-			if pg {
-				fmt.Fprintf(&b, "$%d", p)
-			} else {
-				b.WriteByte('?')
-			}
+			b.WriteString(store.Placeholder(db, p))
 		}
 		b.WriteByte(')')
 	}
@@ -129,12 +125,11 @@ func auditInsert(pg bool, n int) string {
 }
 
 func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchange) error {
-	pg := a.s.DB.Dialect().Name() == dialect.PG
-	one, err := a.stmt.get(ctx, a.s.DB.DB, auditInsert(pg, 1))
+	one, err := a.stmt.get(ctx, a.s.DB.DB, auditInsert(a.s.DB, 1))
 	if err != nil {
 		return err
 	}
-	many, err := a.chunkStmt.get(ctx, a.s.DB.DB, auditInsert(pg, auditChunk))
+	many, err := a.chunkStmt.get(ctx, a.s.DB.DB, auditInsert(a.s.DB, auditChunk))
 	if err != nil {
 		return err
 	}
@@ -152,14 +147,8 @@ func (a *auditWriter) insert(ctx context.Context, rows []*store.FederationExchan
 		}
 		args = args[:0]
 		for _, r := range rows[:n] {
-			// On SQLite a timestamp is text; write it exactly as bun
-			// does, so bun's reads and comparisons ("at < ?") see one
-			// format.
-			var at any = r.At
-			if !pg {
-				at = r.At.UTC().Format("2006-01-02 15:04:05.999999-07:00")
-			}
-			args = append(args, r.ID, r.OrganizationID, r.PolicyID, r.IssuerID, at, r.Outcome, r.FailedCheck,
+			// As bun would write it: bun reads and compares it.
+			args = append(args, r.ID, r.OrganizationID, r.PolicyID, r.IssuerID, store.TimeArg(a.s.DB, r.At), r.Outcome, r.FailedCheck,
 				r.Detail, r.Subject, r.SourceAddress, r.TokenID, r.APIKeyID)
 		}
 		if _, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, args...); err != nil {

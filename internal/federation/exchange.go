@@ -10,14 +10,13 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
-	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
@@ -75,7 +74,7 @@ type policyRow struct {
 // optionally, the organization. It is a prepared statement: SQLite would
 // otherwise parse and plan the join on every exchange, which costs more
 // than the exchange's signature check (docs/benchmarks.md).
-func policyQuery(pg, withOrg bool) string {
+func policyQuery(db bun.IDB, withOrg bool) string {
 	q := `SELECT p.id, p.organization_id, p.issuer_id, p.subject, p.audience, p.condition_expr,
 	p.api_key_id, p.enabled, p.scopes_check, p.token_type_check,
 	i.issuer_url, i.jwks_url, i.revision, o.workload_identity,
@@ -85,25 +84,16 @@ FROM federation_policies p
 JOIN federation_issuers i ON i.id = p.issuer_id
 JOIN organizations o ON o.id = p.organization_id
 JOIN api_keys k ON k.id = p.api_key_id
-WHERE p.id = ?`
+WHERE p.id = ` + store.Placeholder(db, 1)
 	if withOrg {
-		q += " AND p.organization_id = ?"
+		q += " AND p.organization_id = " + store.Placeholder(db, 2)
 	}
-	return placeholders(q, pg)
+	return q
 }
 
 // policyVersionQuery reads a policy's version alone.
-func policyVersionQuery(pg bool) string {
-	return placeholders("SELECT version FROM federation_policies WHERE id = ?", pg)
-}
-
-// placeholders turns ?s into PostgreSQL's $1, $2 when pg.
-func placeholders(q string, pg bool) string {
-	if pg {
-		q = strings.Replace(q, "?", "$1", 1)
-		q = strings.Replace(q, "?", "$2", 1)
-	}
-	return q
+func policyVersionQuery(db bun.IDB) string {
+	return "SELECT version FROM federation_policies WHERE id = " + store.Placeholder(db, 1)
 }
 
 // preparedStmt prepares a statement once, on first use.
@@ -127,8 +117,6 @@ func (s *Service) reads() *sql.DB {
 	return s.DB.DB
 }
 
-func (s *Service) pg() bool { return s.DB.Dialect().Name() == dialect.PG }
-
 // loadPolicyRow returns the policy (of orgID when it is set), or nil when
 // there is none.
 func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyRow, error) {
@@ -136,9 +124,9 @@ func (s *Service) loadPolicyRow(ctx context.Context, id, orgID string) (*policyR
 	var err error
 	args := []any{id}
 	if orgID == "" {
-		stmt, err = s.policyStmt.get(ctx, s.reads(), policyQuery(s.pg(), false))
+		stmt, err = s.policyStmt.get(ctx, s.reads(), policyQuery(s.DB, false))
 	} else {
-		stmt, err = s.policyOrgStmt.get(ctx, s.reads(), policyQuery(s.pg(), true))
+		stmt, err = s.policyOrgStmt.get(ctx, s.reads(), policyQuery(s.DB, true))
 		args = append(args, orgID)
 	}
 	if err != nil {
@@ -201,7 +189,7 @@ func (c *policyCache) put(id string, r *policyRow) {
 // the row read again.
 func (s *Service) exchangePolicy(ctx context.Context, id string) (*policyRow, error) {
 	if cached := s.policies.get(id); cached != nil {
-		stmt, err := s.policyVersionStmt.get(ctx, s.reads(), policyVersionQuery(s.pg()))
+		stmt, err := s.policyVersionStmt.get(ctx, s.reads(), policyVersionQuery(s.DB))
 		if err != nil {
 			return nil, err
 		}

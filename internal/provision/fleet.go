@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -171,7 +169,7 @@ func (p *Provisioner) runFleet(ctx context.Context) {
 			}
 		}
 	}()
-	if p.DB.Dialect().Name() == dialect.PG {
+	if store.Notifies(p.DB) {
 		f.loops.Add(1)
 		go func() {
 			defer f.loops.Done()
@@ -214,32 +212,8 @@ func (p *Provisioner) listen(ctx context.Context) {
 }
 
 func (p *Provisioner) listenOnce(ctx context.Context) error {
-	conn, err := p.DB.DB.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		pc, ok := store.PgxConn(dc)
-		if !ok {
-			return fmt.Errorf("not a pgx connection: %T", dc)
-		}
-		if _, err := pc.Exec(ctx, "LISTEN "+store.InternsChannel); err != nil {
-			return err
-		}
-		// A change may have landed before LISTEN took effect.
-		p.nudge()
-		for {
-			if _, err := pc.WaitForNotification(ctx); err != nil {
-				if ctx.Err() != nil {
-					// The connection is mid-wait: it cannot go back to the pool.
-					return driver.ErrBadConn
-				}
-				return err
-			}
-			p.nudge()
-		}
-	})
+	// A change may have landed before LISTEN took effect: nudge once ready.
+	return store.Listen(ctx, p.DB, store.InternsChannel, p.nudge, p.nudge)
 }
 
 // specOf is what the intern's row asks its daemon to run (without its

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
@@ -48,11 +47,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 	var stored, dropped int
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		notify, stored, dropped = "", 0, 0
-		q := tx.NewSelect().Model(&r).Where("id = ?", id)
-		if m.DB.Dialect().Name() == dialect.PG {
-			q = q.For("UPDATE")
-		}
-		if err := q.Scan(ctx); err != nil {
+		if err := store.ForUpdate(tx.NewSelect().Model(&r).Where("id = ?", id)).Scan(ctx); err != nil {
 			return err
 		}
 		now := m.now()
@@ -381,11 +376,7 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 	changed := false
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		changed = false
-		q := tx.NewSelect().Model(&r).Where("id = ?", id)
-		if m.DB.Dialect().Name() == dialect.PG {
-			q = q.For("UPDATE")
-		}
-		if err := q.Scan(ctx); err != nil {
+		if err := store.ForUpdate(tx.NewSelect().Model(&r).Where("id = ?", id)).Scan(ctx); err != nil {
 			return err
 		}
 		if r.Status != from {
@@ -485,7 +476,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 		return
 	}
 	lapsed := len(free)
-	if m.DB.Dialect().Name() == dialect.PG {
+	if notLive, args, ok := store.NotLive(m.DB, `"run".lease_owner`, liveNS); ok {
 		// Runs whose recorder died (its liveness lock is free), their
 		// lease not passed yet: a killed gateway's runs, taken over now.
 		var dead []struct {
@@ -494,9 +485,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 		}
 		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
 			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
-			Where(`NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
-				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-				AND l.classid = ? AND l.objid = (hashtext("run".lease_owner)::bigint & 4294967295)::oid AND l.objsubid = 2)`, liveNS).
+			Where(notLive, args...).
 			OrderExpr("created_at").Limit(100).Scan(ctx, &dead)
 		if err == nil {
 			free = append(free, dead...)

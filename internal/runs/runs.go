@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -23,7 +22,6 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
@@ -149,9 +147,7 @@ type Manager struct {
 	closeOnce sync.Once
 	stopping  chan struct{} // closed by Close: readers here end, to resume elsewhere
 
-	aliveMu   sync.Mutex
-	alive     *sql.Conn // holds this process's liveness lock (PostgreSQL)
-	alivePing time.Time
+	alive *store.LiveLock // this process's liveness lock (liveNS, owner)
 
 	paused chan struct{} // a run paused here: Run looks at its deadline
 
@@ -168,7 +164,8 @@ func New(db *bun.DB, c *chat.Service, ins *interns.Service, log *slog.Logger, cf
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: "gw_" + randomID(9),
+	owner := "gw_" + randomID(9)
+	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: owner, alive: store.NewLiveLock(db, liveNS, owner),
 		ctx: ctx, cancel: cancel, stopping: make(chan struct{}), paused: make(chan struct{}, 1),
 		waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
 }
@@ -200,57 +197,22 @@ func (m *Manager) Close() {
 			Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
 			m.Log.Warn("release background runs", "err", err)
 		}
-		m.aliveMu.Lock()
-		if m.alive != nil {
-			dropConn(m.alive)
-			m.alive = nil
-		}
-		m.aliveMu.Unlock()
+		m.alive.Release()
 	})
 }
 
-// liveNS is the first key of the advisory lock a gateway holds on
-// PostgreSQL for as long as it lives (the second: hashtext of its lease
-// name). PostgreSQL frees it when the process dies (its connection
-// closes), so other gateways see a killed recorder at once (ADR 0923).
+// liveNS is the namespace of the liveness lock a gateway holds for as
+// long as it lives (named by its lease owner): other gateways see a killed
+// recorder at once (ADR 0923; store.LiveLock).
 const liveNS = 0x636f6872
 
 // stayAlive takes, or checks every few seconds, this process's liveness
-// lock on a connection of its own (PostgreSQL only). Errors are left to
-// the next call: meanwhile the leases still hold.
+// lock. Errors are left to the next call: meanwhile the leases still hold.
 func (m *Manager) stayAlive(ctx context.Context) {
-	if m.DB.Dialect().Name() != dialect.PG || m.ctx.Err() != nil {
+	if m.ctx.Err() != nil {
 		return
 	}
-	m.aliveMu.Lock()
-	defer m.aliveMu.Unlock()
-	if m.alive != nil {
-		if time.Since(m.alivePing) < 2*time.Second {
-			return
-		}
-		if err := m.alive.PingContext(ctx); err == nil {
-			m.alivePing = time.Now()
-			return
-		}
-		dropConn(m.alive)
-		m.alive = nil
-	}
-	c, err := m.DB.DB.Conn(ctx)
-	if err != nil {
-		return
-	}
-	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", liveNS, m.owner); err != nil {
-		dropConn(c)
-		return
-	}
-	m.alive, m.alivePing = c, time.Now()
-}
-
-// dropConn closes a connection rather than return it to the pool (with
-// the lock it holds).
-func dropConn(c *sql.Conn) {
-	c.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck
-	c.Close()
+	m.alive.Hold(ctx)
 }
 
 // errStopping ends a reader's event stream on a gateway that stops: it
@@ -390,7 +352,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 
 // insert records a new running run of in's workspace, refused past the
 // workspace's cap. The count and the insert are one transaction, under a
-// lock per workspace on PostgreSQL (SQLite has one writer), so replicas
+// lock per workspace (store.XactLock), so replicas
 // starting runs at once never pass the cap together.
 func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (*store.Run, error) {
 	now := m.now()
@@ -399,10 +361,8 @@ func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (
 		Caller: caller, Status: store.RunRunning, LeaseOwner: m.owner, LeaseUntil: &lease, CreatedAt: now, UpdatedAt: now}
 	m.stayAlive(ctx) // before the run is ours: others see this process live
 	err := m.DB.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		if m.DB.Dialect().Name() == dialect.PG {
-			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext(?))", "cohort.runs:"+in.WorkspaceID); err != nil {
-				return err
-			}
+		if err := store.XactLock(ctx, tx, "cohort.runs:"+in.WorkspaceID); err != nil {
+			return err
 		}
 		n, err := tx.NewSelect().Model((*store.Run)(nil)).Where("workspace_id = ?", in.WorkspaceID).Where("status = ?", store.RunRunning).Count(ctx)
 		if err != nil {

@@ -18,7 +18,6 @@ import (
 	"unicode"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -434,12 +433,8 @@ func (w *Worker) claim(ctx context.Context, now time.Time, limit int, held map[s
 		b.WriteString(" ELSE 0 END")
 		heldSQL = b.String()
 	}
-	lock := ""
-	if w.DB.Dialect().Name() == dialect.PG {
-		// Replicas claiming at once skip each other's rows instead of
-		// waiting for them, and never take the same one.
-		lock = " FOR UPDATE OF d SKIP LOCKED"
-	}
+	// Replicas claiming at once skip each other's rows.
+	lock := store.SkipLocked(w.DB, "d")
 	// The candidates: the first due deliveries, in due order, of the
 	// workspaces under their bound; twice the claim, so a workspace with
 	// many due rarely hides the others (and a later claim, once it is at
