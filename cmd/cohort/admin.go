@@ -434,7 +434,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// variables (COHORT_AGENT_MODULES, COHORT_AGENTS, COHORT_AGENT_ENDPOINTS).
 	agentCfg := config.Default()
 	agentFlags(flag.NewFlagSet("agents", flag.ContinueOnError), &agentCfg)
-	catalog, err := agentCatalog(agentCfg)
+	catalog, err := agentCfg.Catalog()
 	if err != nil {
 		return err
 	}

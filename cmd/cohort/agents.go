@@ -4,7 +4,6 @@ import (
 	"flag"
 	"strings"
 
-	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/interncmd"
 )
@@ -29,10 +28,6 @@ func agentFlags(fs *flag.FlagSet, cfg *config.Config) {
 		return nil
 	})
 }
-
-// agentCatalog builds the catalog from the configuration; errors name the
-// setting.
-func agentCatalog(cfg config.Config) (agents.Catalog, error) { return cfg.Catalog() }
 
 func splitEntries(s string) []string {
 	var out []string

@@ -26,24 +26,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
-// logBuf is a replica's log, read while it writes.
-type logBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // ends counts the status changes told of each run, across replicas.
 type ends struct {
 	mu  sync.Mutex
@@ -79,14 +61,14 @@ func (n *ends) of(id string) []string {
 type replica struct {
 	srv  *server.Server
 	url  string
-	logs *logBuf
+	logs *testutil.SyncBuffer
 }
 
 func (f *fixture) newReplica(t *testing.T, lease time.Duration, n *ends) *replica {
 	t.Helper()
 	rs := testenv.Server(t, f.e.DB, f.e.Server.KEK)
 	rs.Chat.Daemons = f.prov
-	logs := &logBuf{}
+	logs := &testutil.SyncBuffer{}
 	rs.Runs.Log = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if lease > 0 {
 		rs.Runs.Config.Lease = lease
