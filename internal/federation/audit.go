@@ -3,6 +3,7 @@ package federation
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -35,7 +36,9 @@ type auditWriter struct {
 	mu      sync.Mutex
 	pending []*store.FederationExchange
 	batch   *auditCommit  // what the pending rows' writers wait on
-	wake    chan struct{} // rows are pending (capacity 1)
+	wake    chan struct{} // rows are pending (capacity 1); closed by close
+	closed  bool
+	stopped chan struct{} // closed when the writer has ended
 
 	stmt      preparedStmt // one row
 	chunkStmt preparedStmt // auditChunk rows
@@ -50,9 +53,32 @@ type auditCommit struct {
 
 func (a *auditWriter) start() {
 	a.once.Do(func() {
-		a.wake = make(chan struct{}, 1)
+		a.wake, a.stopped = make(chan struct{}, 1), make(chan struct{})
 		go a.loop()
 	})
+}
+
+// errAuditClosed: the service is closing; an exchange gets no token
+// without its row.
+var errAuditClosed = errors.New("federation: the exchange audit is closed")
+
+// close writes what is queued and ends the writer; a record after it
+// fails.
+func (a *auditWriter) close() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.closed = true
+	started := a.wake != nil
+	if started {
+		close(a.wake)
+	}
+	a.mu.Unlock()
+	if started {
+		<-a.stopped
+	}
 }
 
 // record writes rec in the next transaction and returns once it has
@@ -60,16 +86,21 @@ func (a *auditWriter) start() {
 func (a *auditWriter) record(ctx context.Context, rec *store.FederationExchange) error {
 	a.start()
 	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return errAuditClosed
+	}
 	a.pending = append(a.pending, rec)
 	if a.batch == nil {
 		a.batch = &auditCommit{done: make(chan struct{})}
 	}
 	c := a.batch
-	a.mu.Unlock()
+	// Under the lock: close may not close wake meanwhile.
 	select {
 	case a.wake <- struct{}{}:
 	default:
 	}
+	a.mu.Unlock()
 	select {
 	case <-c.done:
 		return c.err
@@ -79,6 +110,7 @@ func (a *auditWriter) record(ctx context.Context, rec *store.FederationExchange)
 }
 
 func (a *auditWriter) loop() {
+	defer close(a.stopped)
 	for range a.wake {
 		a.mu.Lock()
 		rows, c := a.pending, a.batch

@@ -213,11 +213,11 @@ func (s *Service) Maintain(ctx context.Context) {
 	}
 }
 
-// Close stops the key stores' refresh goroutines and writes pending audit
-// rows.
+// Close stops the key stores' refresh goroutines, writes pending audit
+// rows and ends the audit's writer (an exchange after it gets no token).
 func (s *Service) Close() {
 	s.stores.closeAll()
-	s.audit.flush(context.Background())
+	s.audit.close()
 	for _, p := range []*preparedStmt{&s.policyStmt, &s.policyOrgStmt, &s.policyVersionStmt, &s.audit.stmt, &s.audit.chunkStmt} {
 		if p.stmt != nil {
 			p.stmt.Close()
