@@ -193,12 +193,17 @@ func (l *LiveLock) Hold(ctx context.Context) {
 	l.conn, l.ping = c, time.Now()
 }
 
-// Release frees the lock: its connection is closed, not returned to the
-// pool with the lock.
+// Release frees the lock: unlocked first, so that others see it free at
+// once (the server ends a closed connection's session, and with it the
+// lock, only a moment later), then its connection is closed, not returned
+// to the pool.
 func (l *LiveLock) Release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.conn.ExecContext(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", l.ns, l.name) //nolint:errcheck
+		cancel()
 		dropConn(l.conn)
 		l.conn = nil
 	}
