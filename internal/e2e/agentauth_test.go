@@ -2,38 +2,18 @@ package e2e_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
-var (
-	authAgentOnce sync.Once
-	authAgentBin  string
-	authAgentErr  error
-)
-
 // authAgent builds testdata/authagent once.
 func authAgent(t *testing.T) string {
-	t.Helper()
-	authAgentOnce.Do(func() {
-		authAgentBin = filepath.Join(e2eDir, "agents", "authagent")
-		out, err := exec.Command("go", "build", "-o", authAgentBin, "github.com/cohort-dev/cohort/internal/e2e/testdata/authagent").CombinedOutput()
-		if err != nil {
-			authAgentErr = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	if authAgentErr != nil {
-		t.Fatal(authAgentErr)
-	}
-	return authAgentBin
+	return builds.Binary(t, "github.com/cohort-dev/cohort/internal/e2e/testdata/authagent")
 }
 
 // An agent that requires ACP authentication, through the real gateway and

@@ -11,7 +11,6 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -40,27 +39,9 @@ import (
 // appears nowhere in the stream, the gateway's logs (the daemons' included)
 // or the vault audit, and nothing it tried to write or kill is touched.
 
-var (
-	shellAgentOnce sync.Once
-	shellAgentBin  string
-	shellAgentErr  error
-)
-
 // shellAgent builds the stand-in third-party agent once.
 func shellAgent(t *testing.T) string {
-	t.Helper()
-	shellAgentOnce.Do(func() {
-		dir := filepath.Join(e2eDir, "agents")
-		shellAgentBin = filepath.Join(dir, "shellagent")
-		out, err := exec.Command("go", "build", "-o", shellAgentBin, "github.com/cohort-dev/cohort/internal/e2e/testdata/shellagent").CombinedOutput()
-		if err != nil {
-			shellAgentErr = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	if shellAgentErr != nil {
-		t.Fatal(shellAgentErr)
-	}
-	return shellAgentBin
+	return builds.Binary(t, "github.com/cohort-dev/cohort/internal/e2e/testdata/shellagent")
 }
 
 func randomCanary(what string) string {

@@ -31,6 +31,10 @@ var cohortBin string
 // hide, as the gateway's binary directory), stand-in agents beside it.
 var e2eDir string
 
+// builds are the stand-in agents, built into e2eDir/agents when a test
+// first needs one.
+var builds testutil.Builds
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "cohort-e2e-")
 	if err != nil {
@@ -38,6 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	e2eDir = dir
+	builds.Dir = filepath.Join(dir, "agents")
 	cohortBin = filepath.Join(dir, "bin", "cohort")
 	// cohort-intern beside it, as they ship: the gateway's local interns
 	// run from it.
