@@ -142,7 +142,7 @@ func Flags(fs *flag.FlagSet, def string) func() (Setup, string, error) {
 		usage = append(usage, k.Name()+": "+k.Usage())
 		setups[k.Name()] = k.Flags(fs)
 	}
-	name := fs.String("provisioner", config.Env("COHORT_PROVISIONER", def), strings.Join(usage, "; ")+" (COHORT_PROVISIONER)")
+	name := config.String(fs, "provisioner", def, strings.Join(usage, "; "))
 	return func() (Setup, string, error) {
 		if _, err := Lookup(*name); err != nil {
 			return nil, *name, err
