@@ -118,12 +118,28 @@ var adminFlagDefs = map[string]func(fs *flag.FlagSet, e *adminEnv){
 	"events":            strFlag(func(f *adminFlags) *string { return &f.events }, "events", "comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)"),
 	"status":            strFlag(func(f *adminFlags) *string { return &f.status }, "status", "deliveries with this status only (pending, succeeded, failed)"),
 	"page-size":         intFlagDef(func(f *adminFlags) *int { return &f.pageSize }, "page-size", 50, "how many deliveries"),
-	"serve-agents":      func(fs *flag.FlagSet, e *adminEnv) { agentFlags(fs, &e.cfg.Agents) },
+	// --agent is the intern's agent here; serve's --agent (a custom agent)
+	// is read from its variable, COHORT_AGENTS, alone.
+	"serve-agents": func(fs *flag.FlagSet, e *adminEnv) {
+		declareExcept(fs, func(fs *flag.FlagSet) { agentFlags(fs, &e.cfg.Agents) }, "agent")
+	},
 	"serve-limits": func(fs *flag.FlagSet, e *adminEnv) {
-		e.checks = append(e.checks, limitFlags(fs, &e.cfg.Fleet.Limits, "as serve's: the ceiling of an intern's own limits"))
+		e.checks = append(e.checks, limitFlags(fs, &e.cfg.Fleet.Limits, "as serve's (the ceiling of an intern's own)"))
 	},
 	"serve-federation-egress": func(fs *flag.FlagSet, e *adminEnv) { federationEgressFlags(fs, &e.cfg.Federation) },
 	"serve-webhook-egress":    func(fs *flag.FlagSet, e *adminEnv) { webhookEgressFlags(fs, &e.cfg.Webhooks) },
+}
+
+// declareExcept declares on fs what declare declares, but the flags named
+// skip (their values stay as declare set them: from their variables).
+func declareExcept(fs *flag.FlagSet, declare func(*flag.FlagSet), skip ...string) {
+	all := flag.NewFlagSet("", flag.ContinueOnError)
+	declare(all)
+	all.VisitAll(func(f *flag.Flag) {
+		if !slices.Contains(skip, f.Name) {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
 }
 
 func strFlag(field func(*adminFlags) *string, name, usage string) func(*flag.FlagSet, *adminEnv) {
@@ -471,7 +487,9 @@ func adminWords(args []string, stderr io.Writer) (words, flags []string, err err
 	fs := flag.NewFlagSet("cohort admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	// A mistyped flag gets its error and a pointer, not every command.
-	fs.Usage = func() { fmt.Fprintln(stderr, `Run "cohort admin help" for the commands, "cohort admin <noun> <verb> -h" for one's flags.`) }
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `Run "cohort admin help" for the commands, "cohort admin <noun> <verb> -h" for one's flags.`)
+	}
 	e := &adminEnv{f: &adminFlags{}, cfg: config.Default()}
 	adminCommonFlags(fs, e)
 	for _, declare := range adminFlagDefs {

@@ -71,8 +71,9 @@ type Store struct {
 // Fleet is how interns are hosted, whatever the backend.
 type Fleet struct {
 	// Provisioner names the backend that hosts interns (--provisioner; the
-	// kinds registered in internal/provision). Empty hosts none: chat has
-	// no daemons to call (tests that bring their own).
+	// kinds registered in internal/provision, whose flag default is the
+	// kind registered as the default). Empty hosts none: chat has no
+	// daemons to call (tests that bring their own).
 	Provisioner string
 	// IdleTimeout puts an idle intern to sleep (0: never).
 	IdleTimeout time.Duration
@@ -167,14 +168,9 @@ func Default() Config {
 	return Config{
 		Server: Server{Listen: "127.0.0.1:8080", LogLevel: "info", ShutdownTimeout: 10 * time.Second},
 		Store:  Store{DataDir: "./.cohort"},
-		Fleet:  Fleet{Provisioner: DefaultProvisioner, IdleTimeout: 10 * time.Minute, Limits: DefaultInternLimits()},
+		Fleet:  Fleet{IdleTimeout: 10 * time.Minute, Limits: DefaultInternLimits()},
 	}
 }
-
-// DefaultProvisioner is the value of --provisioner when none is given: the
-// local jails (internal/provision/localjail), the one backend that needs
-// nothing but this machine.
-const DefaultProvisioner = "local"
 
 // Validate checks what can be checked of c without opening anything, each
 // setting once: serve calls it (through server.CheckSettings) before it

@@ -25,7 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
-func init() { provision.Register(kind{}) }
+func init() { provision.RegisterDefault(kind{}) }
 
 // UnsafeSharedHostWarning is logged at start and reported by /readyz when
 // local interns run unjailed.
