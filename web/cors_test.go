@@ -28,7 +28,7 @@ func TestCrossOriginClient(t *testing.T) {
 	t.Cleanup(listed.Close)
 	t.Cleanup(other.Close)
 	cfg := testenv.Config()
-	cfg.CORSAllowOrigins = []string{listed.URL}
+	cfg.Server.CORSAllowOrigins = []string{listed.URL}
 	e := testenv.NewConfig(t, storetest.SQLite(t), cfg)
 
 	script := fmt.Sprintf(`(async () => {

@@ -22,7 +22,7 @@ import (
 func TestWebhooksPage(t *testing.T) {
 	t.Parallel()
 	cfg := testenv.Config()
-	cfg.WebhookAllowHosts = []string{"127.0.0.0/8"}
+	cfg.Webhooks.AllowHosts = []string{"127.0.0.0/8"}
 	e := testenv.NewConfig(t, storetest.SQLite(t), cfg)
 	b := browsertest.New(t, 1280, 900)
 	signIn(t, b, e.HTTP.URL+"/", e.WorkspaceKey)

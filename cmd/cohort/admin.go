@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"sort"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -36,11 +36,13 @@ type adminEnv struct {
 	json bool
 	init bool // --init: create what is missing (database, data directory, KEK)
 	f    *adminFlags
-	fed  *fedFlagSet
-	hook *hookFlagSet
-	cfg  config.Config
+	// cfg is the database's settings and the operator's policies the
+	// command applies, read by serve's own flag declarations (ADR 0962).
+	cfg    config.Config
+	checks []func() error
 }
 
+// adminFlags are the values of the admin commands' own flags.
 type adminFlags struct {
 	org, user, workspace, id, name, slug, email, role, kind, model, agent, description string
 	url, secretFile                                                                    string
@@ -48,15 +50,124 @@ type adminFlags struct {
 
 	// An intern's own limits as written on the command line ("" not given).
 	memory, maxProcesses, cpuWeight, cpus, tmpfs, disk string
+
+	// Federation: optStrings tell "set to empty" from "not given".
+	issuerURL, jwksURL, subject, audience, condition, apiKey, enabled optString
+	issuer, value, token, tokenFile, scopes, tokenType                string
+	limit                                                             int
+
+	// Webhooks.
+	events, status string
+	pageSize       int
 }
 
-// adminFlagHooks register the flags of command groups kept in their own
-// files (admin_federation.go, admin_webhooks.go).
-var adminFlagHooks = []func(*flag.FlagSet, *adminEnv){fedFlags, hookFlags}
-
+// An adminCmd is one `cohort admin NOUN VERB`: its synopsis, the flags it
+// takes (names of adminFlagDefs; the common ones, adminCommonFlags, come
+// with every command) and what it does.
 type adminCmd struct {
-	help string
-	run  func(ctx context.Context, e *adminEnv) error
+	help  string
+	flags []string
+	run   func(ctx context.Context, e *adminEnv) error
+}
+
+// adminCommonFlags are every admin command's: where the database is, and
+// how to print.
+func adminCommonFlags(fs *flag.FlagSet, e *adminEnv) {
+	dbFlags(fs, &e.cfg.Store)
+	fs.BoolVar(&e.json, "json", false, "print JSON")
+	fs.BoolVar(&e.init, "init", false, "create the database, the data directory and the key-encryption key when missing (without it admin refuses to)")
+}
+
+// adminFlagDefs declare each flag an admin command may take, by the name
+// the command lists. The serve-* entries are serve's own declarations of
+// the operator's policies (settings.go), so that admin applies what serve
+// does, given the same way: the same flags, the same COHORT_* variables.
+var adminFlagDefs = map[string]func(fs *flag.FlagSet, e *adminEnv){
+	"org":               strFlag(func(f *adminFlags) *string { return &f.org }, "org", "the organization's id"),
+	"user":              strFlag(func(f *adminFlags) *string { return &f.user }, "user", "a user's id: the one acted on, or the one acting (created_by)"),
+	"workspace":         strFlag(func(f *adminFlags) *string { return &f.workspace }, "workspace", "a workspace's id"),
+	"id":                strFlag(func(f *adminFlags) *string { return &f.id }, "id", "the id of what the command acts on (key, intern, issuer, policy, endpoint, delivery)"),
+	"name":              strFlag(func(f *adminFlags) *string { return &f.name }, "name", "a name"),
+	"slug":              strFlag(func(f *adminFlags) *string { return &f.slug }, "slug", "the workspace's slug"),
+	"email":             strFlag(func(f *adminFlags) *string { return &f.email }, "email", "the user's email"),
+	"role":              strFlag(func(f *adminFlags) *string { return &f.role }, "role", "the user's role: admin or member"),
+	"kind":              strFlag(func(f *adminFlags) *string { return &f.kind }, "kind", "a key's kind (management, workspace, personal) or a claim check's (scopes, token_type)"),
+	"model":             strFlag(func(f *adminFlags) *string { return &f.model }, "model", "the intern's model"),
+	"agent":             strFlag(func(f *adminFlags) *string { return &f.agent }, "agent", "the agent the intern runs: a known or custom agent's name (docs/agents.md)"),
+	"description":       strFlag(func(f *adminFlags) *string { return &f.description }, "description", "a description"),
+	"url":               strFlag(func(f *adminFlags) *string { return &f.url }, "url", "a URL: a remote daemon's, or a webhook receiver's"),
+	"secret-file":       strFlag(func(f *adminFlags) *string { return &f.secretFile }, "secret-file", "the file holding a remote daemon's secret"),
+	"interns-programme": boolFlag(func(f *adminFlags) *bool { return &f.internsProgramme }, "interns-programme", "entitlement: the interns programme"),
+	"workload-identity": boolFlag(func(f *adminFlags) *bool { return &f.workloadIdentity }, "workload-identity", "entitlement: workload identity federation"),
+	"vault-writes":      boolFlag(func(f *adminFlags) *bool { return &f.vaultWrites }, "vault-writes", "entitlement: vault writes"),
+	"own-limits":        func(fs *flag.FlagSet, e *adminEnv) { internLimitFlags(fs, e.f) },
+	"issuer-url":        optFlag(func(f *adminFlags) *optString { return &f.issuerURL }, "issuer-url", "the issuer URL (https://, equal to the tokens' iss)"),
+	"jwks-url":          optFlag(func(f *adminFlags) *optString { return &f.jwksURL }, "jwks-url", "the JWKS URL (empty: discovery)"),
+	"subject":           optFlag(func(f *adminFlags) *optString { return &f.subject }, "subject", "the token sub a policy requires"),
+	"audience":          optFlag(func(f *adminFlags) *optString { return &f.audience }, "audience", "the aud a policy requires"),
+	"condition":         optFlag(func(f *adminFlags) *optString { return &f.condition }, "condition", "a CEL condition over subject, audience, scopes, token_type"),
+	"api-key":           optFlag(func(f *adminFlags) *optString { return &f.apiKey }, "api-key", "the id of the workspace API key a policy acts as"),
+	"enabled":           optFlag(func(f *adminFlags) *optString { return &f.enabled }, "enabled", "true or false (pause a policy or an endpoint)"),
+	"issuer":            strFlag(func(f *adminFlags) *string { return &f.issuer }, "issuer", "an issuer's id"),
+	"value":             strFlag(func(f *adminFlags) *string { return &f.value }, "value", "the claim check's value"),
+	"scopes":            strFlag(func(f *adminFlags) *string { return &f.scopes }, "scopes", "claim check: the scopes claim must contain this"),
+	"token-type":        strFlag(func(f *adminFlags) *string { return &f.tokenType }, "token-type", "claim check: the token_type claim must equal this"),
+	"token":             strFlag(func(f *adminFlags) *string { return &f.token }, "token", "the subject token of a dry run"),
+	"token-file":        strFlag(func(f *adminFlags) *string { return &f.tokenFile }, "token-file", "the file holding the subject token of a dry run"),
+	"limit":             intFlagDef(func(f *adminFlags) *int { return &f.limit }, "limit", 50, "how many audit rows"),
+	"events":            strFlag(func(f *adminFlags) *string { return &f.events }, "events", "comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)"),
+	"status":            strFlag(func(f *adminFlags) *string { return &f.status }, "status", "deliveries with this status only (pending, succeeded, failed)"),
+	"page-size":         intFlagDef(func(f *adminFlags) *int { return &f.pageSize }, "page-size", 50, "how many deliveries"),
+	// --agent is the intern's agent here; serve's --agent (a custom agent)
+	// is read from its variable, COHORT_AGENTS, alone.
+	"serve-agents": func(fs *flag.FlagSet, e *adminEnv) {
+		declareExcept(fs, func(fs *flag.FlagSet) { agentFlags(fs, &e.cfg.Agents) }, "agent")
+	},
+	"serve-limits": func(fs *flag.FlagSet, e *adminEnv) {
+		e.checks = append(e.checks, limitFlags(fs, &e.cfg.Fleet.Limits, "as serve's (the ceiling of an intern's own)"))
+	},
+	"serve-federation-egress": func(fs *flag.FlagSet, e *adminEnv) { federationEgressFlags(fs, &e.cfg.Federation) },
+	"serve-webhook-egress":    func(fs *flag.FlagSet, e *adminEnv) { webhookEgressFlags(fs, &e.cfg.Webhooks) },
+}
+
+// declareExcept declares on fs what declare declares, but the flags named
+// skip (their values stay as declare set them: from their variables).
+func declareExcept(fs *flag.FlagSet, declare func(*flag.FlagSet), skip ...string) {
+	all := flag.NewFlagSet("", flag.ContinueOnError)
+	declare(all)
+	all.VisitAll(func(f *flag.Flag) {
+		if !slices.Contains(skip, f.Name) {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+}
+
+func strFlag(field func(*adminFlags) *string, name, usage string) func(*flag.FlagSet, *adminEnv) {
+	return func(fs *flag.FlagSet, e *adminEnv) { fs.StringVar(field(e.f), name, "", usage) }
+}
+
+func boolFlag(field func(*adminFlags) *bool, name, usage string) func(*flag.FlagSet, *adminEnv) {
+	return func(fs *flag.FlagSet, e *adminEnv) { fs.BoolVar(field(e.f), name, false, usage) }
+}
+
+func optFlag(field func(*adminFlags) *optString, name, usage string) func(*flag.FlagSet, *adminEnv) {
+	return func(fs *flag.FlagSet, e *adminEnv) { fs.Var(field(e.f), name, usage) }
+}
+
+func intFlagDef(field func(*adminFlags) *int, name string, def int, usage string) func(*flag.FlagSet, *adminEnv) {
+	return func(fs *flag.FlagSet, e *adminEnv) { fs.IntVar(field(e.f), name, def, usage) }
+}
+
+// flagSet is the command's own flag set, declared into a new env: the
+// common flags and the ones it lists.
+func (c adminCmd) flagSet(name string, out io.Writer) (*flag.FlagSet, *adminEnv) {
+	e := &adminEnv{out: out, f: &adminFlags{}, cfg: config.Default()}
+	fs := flag.NewFlagSet("cohort admin "+name, flag.ContinueOnError)
+	adminCommonFlags(fs, e)
+	for _, n := range c.flags {
+		adminFlagDefs[n](fs, e)
+	}
+	return fs, e
 }
 
 func (e *adminEnv) operator() (*auth.Principal, error) {
@@ -124,7 +235,7 @@ func optional(s string) *string {
 }
 
 var coreAdminCmds = map[string]adminCmd{
-	"org create": {"--name N [--interns-programme] [--workload-identity] [--vault-writes]", func(ctx context.Context, e *adminEnv) error {
+	"org create": {"--name N [--interns-programme] [--workload-identity] [--vault-writes]", []string{"name", "interns-programme", "workload-identity", "vault-writes"}, func(ctx context.Context, e *adminEnv) error {
 		o, err := e.acc.CreateOrganization(ctx, auth.Operator(""), &cohortv1.CreateOrganizationRequest{Name: e.f.name,
 			Entitlements: &cohortv1.Entitlements{InternsProgramme: e.f.internsProgramme, WorkloadIdentity: e.f.workloadIdentity, VaultWrites: e.f.vaultWrites}})
 		if err != nil {
@@ -132,14 +243,14 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(o)
 	}},
-	"org list": {"", func(ctx context.Context, e *adminEnv) error {
+	"org list": {"", []string{}, func(ctx context.Context, e *adminEnv) error {
 		os, err := e.acc.ListOrganizations(ctx, auth.Operator(""))
 		if err != nil {
 			return err
 		}
 		return e.print(protos(os)...)
 	}},
-	"org entitlements": {"--org ID [--interns-programme] [--workload-identity] [--vault-writes] (sets all three)", func(ctx context.Context, e *adminEnv) error {
+	"org entitlements": {"--org ID [--interns-programme] [--workload-identity] [--vault-writes] (sets all three)", []string{"org", "interns-programme", "workload-identity", "vault-writes"}, func(ctx context.Context, e *adminEnv) error {
 		o, err := e.acc.SetEntitlements(ctx, auth.Operator(""), e.f.org,
 			&cohortv1.Entitlements{InternsProgramme: e.f.internsProgramme, WorkloadIdentity: e.f.workloadIdentity, VaultWrites: e.f.vaultWrites})
 		if err != nil {
@@ -147,7 +258,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(o)
 	}},
-	"user create": {"--org ID --email E [--name N] [--role admin|member]", func(ctx context.Context, e *adminEnv) error {
+	"user create": {"--org ID --email E [--name N] [--role admin|member]", []string{"org", "user", "email", "name", "role"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -158,7 +269,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(u)
 	}},
-	"user list": {"--org ID", func(ctx context.Context, e *adminEnv) error {
+	"user list": {"--org ID", []string{"org", "user"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -169,7 +280,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(us)...)
 	}},
-	"user left": {"--org ID --user ID   (mark a user as having left)", func(ctx context.Context, e *adminEnv) error {
+	"user left": {"--org ID --user ID   (mark a user as having left)", []string{"org", "user"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -180,7 +291,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(u)
 	}},
-	"grant create": {"--org ID --user ID [--workspace ID]", func(ctx context.Context, e *adminEnv) error {
+	"grant create": {"--org ID --user ID [--workspace ID]", []string{"org", "user", "workspace"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -191,7 +302,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(g)
 	}},
-	"key create": {"--org ID --user ID --kind management|workspace|personal [--workspace ID] [--name N]", func(ctx context.Context, e *adminEnv) error {
+	"key create": {"--org ID --user ID --kind management|workspace|personal [--workspace ID] [--name N]", []string{"org", "user", "kind", "workspace", "name"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -202,7 +313,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(res)
 	}},
-	"key list": {"--org ID [--workspace ID]", func(ctx context.Context, e *adminEnv) error {
+	"key list": {"--org ID [--workspace ID]", []string{"org", "user", "workspace"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -213,10 +324,10 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ks)...)
 	}},
-	"key disable": {"--org ID --id KEY_ID", keyState((*accounts.Service).DisableAPIKey)},
-	"key enable":  {"--org ID --id KEY_ID", keyState((*accounts.Service).EnableAPIKey)},
-	"key delete":  {"--org ID --id KEY_ID", keyState((*accounts.Service).DeleteAPIKey)},
-	"workspace create": {"--org ID --user ID --name N [--slug S] [--description D]", func(ctx context.Context, e *adminEnv) error {
+	"key disable": {"--org ID --id KEY_ID", []string{"org", "user", "id"}, keyState((*accounts.Service).DisableAPIKey)},
+	"key enable":  {"--org ID --id KEY_ID", []string{"org", "user", "id"}, keyState((*accounts.Service).EnableAPIKey)},
+	"key delete":  {"--org ID --id KEY_ID", []string{"org", "user", "id"}, keyState((*accounts.Service).DeleteAPIKey)},
+	"workspace create": {"--org ID --user ID --name N [--slug S] [--description D]", []string{"org", "user", "name", "slug", "description"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -230,7 +341,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(w)
 	}},
-	"workspace list": {"--org ID", func(ctx context.Context, e *adminEnv) error {
+	"workspace list": {"--org ID", []string{"org", "user"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -241,7 +352,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ws)...)
 	}},
-	"intern create": {"--org ID --workspace ID --name N [--model M] [--agent A] [--user ID] [limits]", func(ctx context.Context, e *adminEnv) error {
+	"intern create": {"--org ID --workspace ID --name N [--model M] [--agent A] [--user ID] [limits]", []string{"org", "user", "workspace", "name", "model", "agent", "own-limits", "serve-agents", "serve-limits"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -256,7 +367,7 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(in)
 	}},
-	"intern list": {"--org ID --workspace ID", func(ctx context.Context, e *adminEnv) error {
+	"intern list": {"--org ID --workspace ID", []string{"org", "user", "workspace"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -267,12 +378,12 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.print(protos(ins)...)
 	}},
-	"intern register": {"--id INTERN_ID --url URL --secret-file FILE   (a remote daemon: cohort serve --provisioner remote)", internRegister},
-	"intern get":      {"--org ID --id INTERN_ID", internOp((*interns.Service).Get)},
-	"intern suspend":  {"--org ID --id INTERN_ID", internOp((*interns.Service).Suspend)},
-	"intern resume":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Resume)},
-	"intern delete":   {"--org ID --id INTERN_ID", internOp((*interns.Service).Delete)},
-	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M] [--agent A] [limits, 0: the operator's]", func(ctx context.Context, e *adminEnv) error {
+	"intern register": {"--id INTERN_ID --url URL --secret-file FILE   (a remote daemon: cohort serve --provisioner remote)", []string{"id", "url", "secret-file"}, internRegister},
+	"intern get":      {"--org ID --id INTERN_ID", []string{"org", "user", "id"}, internOp((*interns.Service).Get)},
+	"intern suspend":  {"--org ID --id INTERN_ID", []string{"org", "user", "id"}, internOp((*interns.Service).Suspend)},
+	"intern resume":   {"--org ID --id INTERN_ID", []string{"org", "user", "id"}, internOp((*interns.Service).Resume)},
+	"intern delete":   {"--org ID --id INTERN_ID", []string{"org", "user", "id"}, internOp((*interns.Service).Delete)},
+	"intern update": {"--org ID --id INTERN_ID [--name N] [--model M] [--agent A] [limits, 0: the operator's]", []string{"org", "user", "id", "name", "model", "agent", "own-limits", "serve-agents", "serve-limits"}, func(ctx context.Context, e *adminEnv) error {
 		p, err := e.operator()
 		if err != nil {
 			return err
@@ -287,8 +398,8 @@ var coreAdminCmds = map[string]adminCmd{
 		}
 		return e.printOne(in)
 	}},
-	"vault audit":      {"--org ID [--id INTERN_ID]  the vault's release decisions, newest first (at most 1000; never values)", vaultAudit},
-	"vault rotate-kek": {"[--kek-file F]  new KEK primary key; re-wrap every vault's data keys (ciphertexts untouched, no downtime)", vaultRotateKEK},
+	"vault audit":      {"--org ID [--id INTERN_ID]  the vault's release decisions, newest first (at most 1000; never values)", []string{"org", "user", "id"}, vaultAudit},
+	"vault rotate-kek": {"[--kek-file F]  new KEK primary key; re-wrap every vault's data keys (ciphertexts untouched, no downtime)", []string{}, vaultRotateKEK},
 }
 
 func keyState(op func(*accounts.Service, context.Context, *auth.Principal, string) (*cohortv1.ApiKey, error)) func(context.Context, *adminEnv) error {
@@ -338,25 +449,21 @@ func adminCmds() map[string]adminCmd {
 
 func adminUsage(w io.Writer) {
 	adminCmds := adminCmds()
-	fmt.Fprintln(w, "Usage: cohort admin [flags] <noun> <verb> [flags]\n\nCommands:")
-	names := make([]string, 0, len(adminCmds))
-	for n := range adminCmds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	fmt.Fprintln(w, "Usage: cohort admin [common flags] <noun> <verb> [flags]\n\nCommands:")
+	names := slices.Sorted(maps.Keys(adminCmds))
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-18s %s\n", n, adminCmds[n].help)
 	}
 	fmt.Fprintln(w, `
 Common flags (before or after the command): --data-dir, --database-url, --kek-file (as for serve), --json.
 The database must exist (cohort serve or cohort migrate made it); --init creates it,
-and the data directory and key-encryption key, when missing.`)
+and the data directory and key-encryption key, when missing.
+Run "cohort admin <noun> <verb> -h" for a command's flags.`)
 }
 
 // parseInterspersed parses flags wherever they stand among args and returns
 // the other words in order: the standard flag package stops at the first
-// word, so `admin --data-dir X org list` and `admin org list --data-dir X`
-// both need a parse per word.
+// word.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var words []string
 	for {
@@ -371,33 +478,46 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg := config.Default()
-	f := &adminFlags{}
-	e := &adminEnv{out: stdout, f: f}
-	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
+// adminWords finds the command's two words among args (`admin --data-dir X
+// org list` and `admin org list --data-dir X` both) and returns them and
+// the flags around them. Flags before the words are parsed, to be skipped,
+// with every admin flag declared; the command's own set parses them all
+// again.
+func adminWords(args []string, stderr io.Writer) (words, flags []string, err error) {
+	fs := flag.NewFlagSet("cohort admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	// A mistyped flag gets its error and a pointer, not every command.
-	fs.Usage = func() { fmt.Fprintln(stderr, `Run "cohort admin help" for the commands and flags.`) }
-	dbFlags(fs, &cfg)
-	fs.BoolVar(&e.json, "json", false, "print JSON")
-	fs.BoolVar(&e.init, "init", false, "create the database, the data directory and the key-encryption key when missing (without it admin refuses to)")
-	for flagName, p := range map[string]*string{"org": &f.org, "user": &f.user, "workspace": &f.workspace, "id": &f.id, "name": &f.name,
-		"slug": &f.slug, "email": &f.email, "role": &f.role, "kind": &f.kind, "model": &f.model, "agent": &f.agent, "description": &f.description,
-		"url": &f.url, "secret-file": &f.secretFile} {
-		fs.StringVar(p, flagName, "", flagName)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `Run "cohort admin help" for the commands, "cohort admin <noun> <verb> -h" for one's flags.`)
 	}
-	internLimitFlags(fs, f)
-	fs.BoolVar(&f.internsProgramme, "interns-programme", false, "entitlement: the interns programme")
-	fs.BoolVar(&f.workloadIdentity, "workload-identity", false, "entitlement: workload identity federation")
-	fs.BoolVar(&f.vaultWrites, "vault-writes", false, "entitlement: vault writes")
-	for _, register := range adminFlagHooks {
-		register(fs, e)
+	e := &adminEnv{f: &adminFlags{}, cfg: config.Default()}
+	adminCommonFlags(fs, e)
+	for _, declare := range adminFlagDefs {
+		declare(fs, e)
 	}
-	words, err := parseInterspersed(fs, args)
+	for len(words) < 2 {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		flags = append(flags, args[:len(args)-fs.NArg()]...)
+		if fs.NArg() == 0 {
+			return words, flags, nil
+		}
+		words, args = append(words, fs.Arg(0)), fs.Args()[1:]
+		if words[0] == "help" {
+			break
+		}
+	}
+	return words, append(flags, args...), nil
+}
+
+func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	words, flags, err := adminWords(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		adminUsage(stdout)
-		fmt.Fprintln(stdout, "\nFlags:")
+		fmt.Fprintln(stdout, "\nCommon flags:")
+		fs := flag.NewFlagSet("cohort admin", flag.ContinueOnError)
+		adminCommonFlags(fs, &adminEnv{cfg: config.Default()})
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
 		return nil
@@ -418,32 +538,46 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("unknown admin command %q (cohort admin help lists them)", name)
 	}
-	if len(words) > 2 {
-		return fmt.Errorf("unexpected argument %q", words[2])
+	fs, e := cmd.flagSet(name, stdout)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {}
+	rest, err := parseInterspersed(fs, flags)
+	if errors.Is(err, flag.ErrHelp) {
+		adminCmdUsage(stdout, name, cmd, fs)
+		return nil
 	}
-	db, err := openAdminDB(ctx, cfg, e.init)
+	if err != nil {
+		fmt.Fprintf(stderr, "Run \"cohort admin %s -h\" for its flags.\n", name)
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	for _, check := range e.checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	catalog, err := e.cfg.Agents.Catalog()
+	if err != nil {
+		return err
+	}
+	db, err := openAdminDB(ctx, e.cfg.Store, e.init)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	e.db = db
-	e.cfg = cfg
 	e.acc = &accounts.Service{DB: db}
 	e.ws = &workspaces.Service{DB: db}
-	// The agents an intern may name: serve's catalog, from the same
-	// variables (COHORT_AGENT_MODULES, COHORT_AGENTS, COHORT_AGENT_ENDPOINTS).
-	agentCfg := config.Default()
-	agentFlags(flag.NewFlagSet("agents", flag.ContinueOnError), &agentCfg)
-	catalog, err := agentCfg.Catalog()
-	if err != nil {
-		return err
-	}
-	// The operator's limits, the ceiling of an intern's own: serve's,
-	// from the same variables (COHORT_INTERN_MEMORY, ...).
-	limitCfg := config.DefaultInternLimits()
-	if err := limitFlags(flag.NewFlagSet("limits", flag.ContinueOnError), &limitCfg, "")(); err != nil {
-		return err
-	}
-	e.in = &interns.Service{DB: db, Agents: catalog, Ceiling: store.InternLimits(limitCfg)}
+	// The operator's limits are the ceiling of an intern's own.
+	e.in = &interns.Service{DB: db, Agents: catalog, Ceiling: store.InternLimits(e.cfg.Fleet.Limits)}
 	return cmd.run(ctx, e)
+}
+
+// adminCmdUsage is `cohort admin NOUN VERB -h`: the command's flags alone.
+func adminCmdUsage(w io.Writer, name string, cmd adminCmd, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: cohort admin %s [flags]\n\n  %s\n\nFlags:\n", name, cmd.help)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
 }

@@ -25,7 +25,7 @@ const createHint = `start "cohort serve" once with the same --data-dir/--databas
 // applies pending migrations. Without init it creates nothing: the SQLite
 // file (and its data directory) must exist, and a PostgreSQL database must
 // already hold Cohort's schema.
-func openAdminDB(ctx context.Context, cfg config.Config, init bool) (*bun.DB, error) {
+func openAdminDB(ctx context.Context, cfg config.Store, init bool) (*bun.DB, error) {
 	if init {
 		return openDB(ctx, cfg)
 	}
@@ -86,16 +86,16 @@ func pgName(url string) string {
 // --init: a new key beside an existing database could never open the
 // secrets already wrapped under the old one.
 func adminKEK(e *adminEnv) (*envelope.KEK, error) {
-	if e.cfg.KEKFile != "" {
-		return envelope.Load(e.cfg.KEKFile)
+	if e.cfg.Store.KEKFile != "" {
+		return envelope.Load(e.cfg.Store.KEKFile)
 	}
-	path := e.cfg.KEKPath()
+	path := e.cfg.Store.KEKPath()
 	if !e.init {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf(`no key-encryption key at %s (check --data-dir, or give --kek-file); "cohort serve" creates it on first start, or repeat this command with --init; nothing was created`, path)
 		}
 	}
-	if err := os.MkdirAll(e.cfg.DataDir, 0o700); err != nil {
+	if err := os.MkdirAll(e.cfg.Store.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	return envelope.LoadOrCreate(path)

@@ -3,40 +3,23 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 )
 
-// hookFlagSet are the flags of the `cohort admin webhook …` commands.
-type hookFlagSet struct {
-	events, status, allowHosts string
-	pageSize                   int
-}
-
-// hookFlags declares the flags of these commands on fs, into e.
-func hookFlags(fs *flag.FlagSet, e *adminEnv) {
-	e.hook = &hookFlagSet{}
-	f := e.hook
-	fs.StringVar(&f.events, "events", "", "webhook: comma-separated event types (run.paused,run.completed,run.failed,run.cancelled)")
-	fs.StringVar(&f.status, "status", "", "webhook: deliveries with this status only (pending, succeeded, failed)")
-	fs.IntVar(&f.pageSize, "page-size", 50, "webhook: how many deliveries")
-	// As serve's: the save-time check must see the policy serve enforces.
-	fs.StringVar(&f.allowHosts, "webhook-allow-hosts", env("COHORT_WEBHOOK_ALLOW_HOSTS", ""), "webhook: non-public receiver hosts, addresses and ranges, as serve's setting (COHORT_WEBHOOK_ALLOW_HOSTS)")
-}
-
 // hookCmds are these admin commands by name.
 func hookCmds() map[string]adminCmd {
 	return map[string]adminCmd{
-		"webhook create": {"--org ID --workspace ID --url URL --events E,… [--description D] [--enabled false]   (prints the secret, once)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
-			req := &cohortv1.CreateWebhookEndpointRequest{WorkspaceId: e.f.workspace, Url: e.f.url, Events: splitList(e.hook.events), Description: e.f.description}
+		"webhook create": {"--org ID --workspace ID --url URL --events E,… [--description D] [--enabled false]   (prints the secret, once)", []string{"org", "user", "workspace", "url", "events", "description", "enabled", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			req := &cohortv1.CreateWebhookEndpointRequest{WorkspaceId: e.f.workspace, Url: e.f.url, Events: config.SplitList(e.f.events), Description: e.f.description}
 			var err error
-			if req.Enabled, err = enabledFlag(e.fed.enabled); err != nil {
+			if req.Enabled, err = enabledFlag(e.f.enabled); err != nil {
 				return err
 			}
 			res, err := s.Create(ctx, p, req)
@@ -45,24 +28,24 @@ func hookCmds() map[string]adminCmd {
 			}
 			return e.printOne(res)
 		})},
-		"webhook list": {"--org ID --workspace ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+		"webhook list": {"--org ID --workspace ID", []string{"org", "user", "workspace", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			res, err := s.List(ctx, p, &cohortv1.ListWebhookEndpointsRequest{WorkspaceId: e.f.workspace})
 			if err != nil {
 				return err
 			}
 			return e.print(protos(res.GetEndpoints())...)
 		})},
-		"webhook get": {"--org ID --id ENDPOINT_ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+		"webhook get": {"--org ID --id ENDPOINT_ID", []string{"org", "user", "id", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			res, err := s.Get(ctx, p, &cohortv1.GetWebhookEndpointRequest{Id: e.f.id})
 			if err != nil {
 				return err
 			}
 			return e.printOne(res.GetEndpoint())
 		})},
-		"webhook update": {"--org ID --id ENDPOINT_ID [--url URL] [--events E,…] [--description D] [--enabled true|false]", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
-			req := &cohortv1.UpdateWebhookEndpointRequest{Id: e.f.id, Url: optional(e.f.url), Events: splitList(e.hook.events), Description: optional(e.f.description)}
+		"webhook update": {"--org ID --id ENDPOINT_ID [--url URL] [--events E,…] [--description D] [--enabled true|false]", []string{"org", "user", "id", "url", "events", "description", "enabled", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			req := &cohortv1.UpdateWebhookEndpointRequest{Id: e.f.id, Url: optional(e.f.url), Events: config.SplitList(e.f.events), Description: optional(e.f.description)}
 			var err error
-			if req.Enabled, err = enabledFlag(e.fed.enabled); err != nil {
+			if req.Enabled, err = enabledFlag(e.f.enabled); err != nil {
 				return err
 			}
 			res, err := s.Update(ctx, p, req)
@@ -71,28 +54,28 @@ func hookCmds() map[string]adminCmd {
 			}
 			return e.printOne(res.GetEndpoint())
 		})},
-		"webhook rotate-secret": {"--org ID --id ENDPOINT_ID   (prints the new secret, once; the old one also signs for 24 h)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+		"webhook rotate-secret": {"--org ID --id ENDPOINT_ID   (prints the new secret, once; the old one also signs for 24 h)", []string{"org", "user", "id", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			res, err := s.Rotate(ctx, p, &cohortv1.RotateWebhookSecretRequest{Id: e.f.id})
 			if err != nil {
 				return err
 			}
 			return e.printOne(res)
 		})},
-		"webhook delete": {"--org ID --id ENDPOINT_ID", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+		"webhook delete": {"--org ID --id ENDPOINT_ID", []string{"org", "user", "id", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			res, err := s.Delete(ctx, p, &cohortv1.DeleteWebhookEndpointRequest{Id: e.f.id})
 			if err != nil {
 				return err
 			}
 			return e.printOne(res)
 		})},
-		"webhook deliveries": {"--org ID --id ENDPOINT_ID [--status S] [--page-size N]   (the delivery log, newest first)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
-			res, err := s.Deliveries(ctx, p, &cohortv1.ListWebhookDeliveriesRequest{EndpointId: e.f.id, Status: e.hook.status, PageSize: int32(e.hook.pageSize)})
+		"webhook deliveries": {"--org ID --id ENDPOINT_ID [--status S] [--page-size N]   (the delivery log, newest first)", []string{"org", "user", "id", "status", "page-size", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+			res, err := s.Deliveries(ctx, p, &cohortv1.ListWebhookDeliveriesRequest{EndpointId: e.f.id, Status: e.f.status, PageSize: int32(e.f.pageSize)})
 			if err != nil {
 				return err
 			}
 			return e.print(protos(res.GetDeliveries())...)
 		})},
-		"webhook redeliver": {"--org ID --id DELIVERY_ID   (a running gateway sends it again)", hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
+		"webhook redeliver": {"--org ID --id DELIVERY_ID   (a running gateway sends it again)", []string{"org", "user", "id", "serve-webhook-egress"}, hookCmd(func(ctx context.Context, e *adminEnv, s *webhooks.Service, p *auth.Principal) error {
 			res, err := s.Redeliver(ctx, p, &cohortv1.RedeliverWebhookRequest{Id: e.f.id})
 			if err != nil {
 				return err
@@ -102,7 +85,7 @@ func hookCmds() map[string]adminCmd {
 	}
 }
 
-// enabledFlag reads --enabled (registered with the federation flags).
+// enabledFlag reads --enabled.
 func enabledFlag(f optString) (*bool, error) {
 	if !f.set {
 		return nil, nil
@@ -123,7 +106,7 @@ func hookCmd(run func(context.Context, *adminEnv, *webhooks.Service, *auth.Princ
 		if err != nil {
 			return err
 		}
-		allow, err := safehttp.ParseAllowlist(splitList(e.hook.allowHosts))
+		allow, err := safehttp.ParseAllowlist(e.cfg.Webhooks.AllowHosts)
 		if err != nil {
 			return fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
 		}

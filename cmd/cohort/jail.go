@@ -53,8 +53,8 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 			gwAddr = net.JoinHostPort(u.Hostname(), "80")
 		}
 	}
-	key := env("COHORT_AGENT_API_KEY", os.Getenv("OPENAI_API_KEY"))
-	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")),
+	baseURL, key := agentEndpoint()
+	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: baseURL,
 		ModelAPIKey: key, Placeholder: agents.KeyPlaceholder, Internet: true, Log: log.With("component", "egress")})
 	if err != nil {
 		return fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)

@@ -78,25 +78,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // The helpers cmd/cohort shares with cmd/cohort-intern.
 var (
-	env          = config.Env
-	envBool      = config.EnvBool
-	envDuration  = interncmd.EnvDuration
-	splitList    = config.SplitList
 	newLogger    = interncmd.NewLogger
 	startTracing = interncmd.StartTracing
-	limitFlags   = interncmd.LimitFlags
 )
 
-// dbFlags registers the flags every command that opens the database shares.
-func dbFlags(fs *flag.FlagSet, cfg *config.Config) {
-	fs.StringVar(&cfg.DataDir, "data-dir", env("COHORT_DATA_DIR", cfg.DataDir), "data directory: embedded database, key files, bootstrap.json (COHORT_DATA_DIR)")
-	fs.StringVar(&cfg.KEKFile, "kek-file", env("COHORT_KEK_FILE", cfg.KEKFile), "key-encryption key (Tink keyset JSON); default <data-dir>/kek.json, created on first start (COHORT_KEK_FILE)")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("COHORT_DATABASE_URL", cfg.DatabaseURL), "postgres://… for PostgreSQL; empty for the embedded SQLite file in the data directory (COHORT_DATABASE_URL)")
-}
-
 // openDB opens and migrates the configured database.
-func openDB(ctx context.Context, cfg config.Config) (*bun.DB, error) {
-	db, err := store.Open(ctx, cfg.DatabaseURL, cfg.DataDir)
+func openDB(ctx context.Context, st config.Store) (*bun.DB, error) {
+	db, err := store.Open(ctx, st.DatabaseURL, st.DataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -111,11 +99,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg := config.Default()
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dbFlags(fs, &cfg)
+	dbFlags(fs, &cfg.Store)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	db, err := openDB(ctx, cfg)
+	db, err := openDB(ctx, cfg.Store)
 	if err != nil {
 		return err
 	}

@@ -3,8 +3,13 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // flagGroup is a heading of a command's help and the flags under it.
@@ -95,24 +100,63 @@ var hostDefaults = map[string]string{
 // Markdown, as docs/configuration.md holds it (TestFlagReferenceIsFresh).
 func flagReference(fs *flag.FlagSet, groups []flagGroup) string {
 	var b strings.Builder
-	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 	for _, g := range groups {
 		fmt.Fprintf(&b, "\n### %s\n\n| flag | variable | default | meaning |\n|---|---|---|---|\n", g.title)
 		for _, n := range g.names {
-			f := fs.Lookup(n)
-			if f == nil {
-				continue
+			if f := fs.Lookup(n); f != nil {
+				b.WriteString(flagRow(f))
 			}
-			variable, text := envOfUsage(f.Usage)
-			def := "`" + f.DefValue + "`"
-			switch {
-			case hostDefaults[n] != "":
-				def = hostDefaults[n]
-			case f.DefValue == "" || f.DefValue == "[]":
-				def = "empty"
-			}
-			fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s |\n", n, variable, cell(def), cell(text))
 		}
+	}
+	return b.String()
+}
+
+// flagRow is a flag's row of a reference table.
+func flagRow(f *flag.Flag) string {
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	variable, text := envOfUsage(f.Usage)
+	if variable == "" {
+		variable = "—"
+	} else {
+		variable = "`" + variable + "`"
+	}
+	def := "`" + f.DefValue + "`"
+	switch {
+	case hostDefaults[f.Name] != "":
+		def = hostDefaults[f.Name]
+	case f.DefValue == "" || f.DefValue == "[]":
+		def = "empty"
+	}
+	return fmt.Sprintf("| `--%s` | %s | %s | %s |\n", f.Name, variable, cell(def), cell(text))
+}
+
+// adminReference is the reference of the admin commands and their flags,
+// in Markdown, as docs/operations.md holds it (TestAdminReferenceIsFresh):
+// which flags each command takes (its own set: `cohort admin NOUN VERB
+// -h`), then what each flag means.
+func adminReference() string {
+	cmds := adminCmds()
+	common := flag.NewFlagSet("common", flag.ContinueOnError)
+	adminCommonFlags(common, &adminEnv{f: &adminFlags{}, cfg: config.Default()})
+	var b strings.Builder
+	b.WriteString("\n| command | its flags, besides the common ones |\n|---|---|\n")
+	flags := map[string]*flag.Flag{}
+	for _, name := range slices.Sorted(maps.Keys(cmds)) {
+		fs, _ := cmds[name].flagSet(name, io.Discard)
+		var own []string
+		fs.VisitAll(func(f *flag.Flag) {
+			if common.Lookup(f.Name) == nil {
+				flags[f.Name] = f
+				own = append(own, "`--"+f.Name+"`")
+			}
+		})
+		fmt.Fprintf(&b, "| `%s` | %s |\n", name, strings.Join(own, " "))
+	}
+	b.WriteString("\nThe common flags, which every command takes:\n\n| flag | variable | default | meaning |\n|---|---|---|---|\n")
+	common.VisitAll(func(f *flag.Flag) { b.WriteString(flagRow(f)) })
+	b.WriteString("\nThe commands' flags (those with a variable are serve's own settings, read the same way):\n\n| flag | variable | default | meaning |\n|---|---|---|---|\n")
+	for _, n := range slices.Sorted(maps.Keys(flags)) {
+		b.WriteString(flagRow(flags[n]))
 	}
 	return b.String()
 }

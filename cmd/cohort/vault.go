@@ -16,7 +16,7 @@ import (
 // wrappings; they load the new key the first time they meet it. No
 // ciphertext is touched.
 func vaultRotateKEK(ctx context.Context, e *adminEnv) error {
-	path := e.cfg.KEKPath()
+	path := e.cfg.Store.KEKPath()
 	if _, err := os.Stat(path); err != nil {
 		return fmt.Errorf("no key-encryption key to rotate: %w", err)
 	}

@@ -98,17 +98,6 @@ func TestAdminVaultRotateKEK(t *testing.T) {
 	}
 }
 
-func TestSplitList(t *testing.T) {
-	t.Parallel()
-	got := splitList(" eu.api.example.com, ,us.api.example.com,")
-	if strings.Join(got, "|") != "eu.api.example.com|us.api.example.com" {
-		t.Fatalf("%q", got)
-	}
-	if splitList("") != nil {
-		t.Fatal("empty list")
-	}
-}
-
 // TestAdminVaultAudit lists release decisions of the organization, never
 // a value.
 func TestAdminVaultAudit(t *testing.T) {

@@ -1,7 +1,12 @@
-// Package config is the typed configuration of `cohort serve`, with its
-// defaults. cmd/cohort fills it from flags and COHORT_* variables;
-// server.New builds the whole gateway from it. Errors about a field name
-// its flag.
+// Package config is the typed configuration of `cohort serve`, nested by
+// subsystem. cmd/cohort fills it from flags and COHORT_* variables (one
+// variable per flag, named by EnvName); Validate checks it before anything
+// is opened or written; server.New builds the whole gateway from it.
+// Errors about a field name its flag (Setting).
+//
+// A subsystem's defaults are its package's (chat.DefaultTurnTimeout,
+// runs.DefaultLease …): a zero field here takes them, and the flags show
+// them. Default sets only what no package owns (ADR 0961).
 package config
 
 import (
@@ -11,12 +16,45 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
 // Config configures the gateway.
 type Config struct {
+	Server     Server
+	Store      Store
+	Fleet      Fleet
+	Agents     Agents
+	Chat       Chat
+	Background Background
+	Federation Federation
+	Webhooks   Webhooks
+}
+
+// Server is the gateway's own listener and process.
+type Server struct {
 	// Listen is the address for HTTP/1.1 and h2c.
 	Listen string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// ShutdownTimeout bounds graceful shutdown.
+	ShutdownTimeout time.Duration
+	// MetricsListen, when set, is the address of the separate listener
+	// serving Prometheus metrics; the server then counts what it does.
+	MetricsListen string
+	// CORSAllowOrigins are the browser origins (scheme://host[:port]) whose
+	// pages may call the API (under /api/) from another origin: preflights
+	// are answered and answers readable for them alone. Empty: none.
+	CORSAllowOrigins []string
+	// RegionalHosts are Host header values (regional API hostnames) on
+	// which the vault refuses every request with 403.
+	RegionalHosts []string
+	// NoBootstrap skips creating the default organization on an empty database.
+	NoBootstrap bool
+}
+
+// Store is where the gateway keeps its state.
+type Store struct {
 	// DataDir holds the embedded database, key files and bootstrap.json.
 	DataDir string
 	// DatabaseURL selects PostgreSQL (postgres://…); empty means the
@@ -25,172 +63,153 @@ type Config struct {
 	// KEKFile is the key-encryption key (a Tink keyset file). Empty means
 	// <DataDir>/kek.json, created on first start.
 	KEKFile string
-	// NoBootstrap skips creating the default organization on an empty database.
-	NoBootstrap bool
-	// LogLevel is debug, info, warn or error.
-	LogLevel string
-	// RegionalHosts are Host header values (regional API hostnames) on
-	// which the vault refuses every request with 403.
-	RegionalHosts []string
-	// ShutdownTimeout bounds graceful shutdown.
-	ShutdownTimeout time.Duration
-	// Provisioner hosts interns: "local" (daemons started by the gateway,
-	// each in a jail), "remote" (daemons registered by the operator) or
-	// "kubernetes" (a Pod per awake intern). Empty hosts none: chat has no
-	// daemons to call (tests that bring their own).
-	Provisioner string
-	// MetricsListen, when set, is the address of the separate listener
-	// serving Prometheus metrics; the server then counts what it does.
-	MetricsListen string
-
-	// CORSAllowOrigins are the browser origins (scheme://host[:port]) whose
-	// pages may call the API (under /api/) from another origin: preflights
-	// are answered and answers readable for them alone. Empty: none.
-	CORSAllowOrigins []string
-
 	// RedisURL (redis:// or rediss://), when set, keeps rate limits in
 	// Redis so that replicas share them; empty keeps them in memory.
 	RedisURL string
+}
+
+// Fleet is how interns are hosted, whatever the backend.
+type Fleet struct {
+	// Provisioner names the backend that hosts interns (--provisioner; the
+	// kinds registered in internal/provision, whose flag default is the
+	// kind registered as the default). Empty hosts none: chat has no
+	// daemons to call (tests that bring their own).
+	Provisioner string
+	// IdleTimeout puts an idle intern to sleep (0: never).
+	IdleTimeout time.Duration
+	// MaxAwake caps the awake interns (0: no cap).
+	MaxAwake int
+	// StartConcurrency bounds daemons starting at once (0: the
+	// provisioner's default).
+	StartConcurrency int
+	// Limits bound each intern (its jail's, and `cohort intern --jail`'s):
+	// the ceiling of an intern's own limits. A zero field is unbounded.
+	Limits InternLimits
+}
+
+// Agents are what interns run and the model endpoint of the built-in agent.
+type Agents struct {
+	// Command, when set, is the ACP agent the local provisioner's daemons
+	// run instead of `cohort agent`.
+	Command string
+	// BaseURL and APIKey are the operator's model endpoint and key for the
+	// built-in agent (COHORT_AGENT_BASE_URL and COHORT_AGENT_API_KEY, else
+	// OPENAI_*): the relay of a jail or Pod calls it with the real key, the
+	// agent holding only a placeholder.
+	BaseURL, APIKey string
+	// Env is what of the gateway's environment reaches a jailed or Pod
+	// daemon and its agent: the built-in agent's COHORT_AGENT_* settings,
+	// without the endpoint and key.
+	Env []string
+	// Modules is the node_modules directory the known third-party agents
+	// are installed in; Custom are "name=command" agents and Endpoints
+	// "name=URL" model endpoints of known ones; AuthMethods "name=method"
+	// ACP authentication methods. Together the catalog of agents an intern
+	// may name (internal/agents).
+	Modules     string
+	Custom      []string
+	Endpoints   []string
+	AuthMethods []string
+}
+
+// Chat bounds chat turns. Zero durations take internal/chat's (and
+// internal/sse's) defaults.
+type Chat struct {
+	// TurnRate is the chat turn limit per user or organization, "N/s",
+	// "N/m" or "N/h", optionally ",burst=B"; shared through Redis when
+	// Store.RedisURL is set. Empty: chat.DefaultTurnRate.
+	TurnRate string
+	// Keepalive is the silence after which a chat stream sends a keepalive
+	// comment; FirstEventTimeout the request budget until the agent's first
+	// event; EventTimeout the longest silence of an open stream's daemon;
+	// TurnTimeout the longest one chat request's run may take in all.
+	Keepalive, FirstEventTimeout, EventTimeout, TurnTimeout time.Duration
+	// InteractionDeadline is how long a question waits, passed to every
+	// intern's daemon (0: the daemon's default).
+	InteractionDeadline time.Duration
+}
+
+// Background are the settings of background runs (internal/runs,
+// docs/background.md); zero takes runs' defaults.
+type Background struct {
+	MaxRunning int
+	EventBytes int64
+	Retention  time.Duration
+	Lease      time.Duration
+}
+
+// Federation is workload identity federation's operator settings.
+type Federation struct {
+	// TokenIssuer is the iss and aud of federation access tokens; set it
+	// to the public base URL. Empty: federation.DefaultTokenIssuer.
+	TokenIssuer string
+	// ExchangeRate is the per-address token exchange limit, in the form of
+	// Chat.TurnRate. Empty: federation.DefaultExchangeRate.
+	ExchangeRate string
 	// ExtraCAFile holds PEM certificates trusted, in addition to the
 	// system roots, when fetching identity provider documents.
 	ExtraCAFile string
-	// TokenIssuer is the iss and aud of federation access tokens; set it
-	// to the public base URL.
-	TokenIssuer string
-	// ExchangeRate is the per-address token exchange limit: "N/s", "N/m"
-	// or "N/h", optionally ",burst=B".
-	ExchangeRate string
-	// TurnRate is the chat turn limit per user or organization, in the
-	// same form as ExchangeRate; shared through Redis when RedisURL is set.
-	TurnRate string
-	// AgentCommand, when set, is the ACP agent the local provisioner's
-	// daemons run instead of `cohort agent`.
-	AgentCommand string
-	// AgentBaseURL and AgentAPIKey are the operator's model endpoint and
-	// key for the built-in agent (COHORT_AGENT_BASE_URL and
-	// COHORT_AGENT_API_KEY, else OPENAI_*): the relay of a jail or Pod
-	// calls it with the real key, the agent holding only a placeholder.
-	AgentBaseURL, AgentAPIKey string
-	// AgentEnv is what of the gateway's environment reaches a jailed or
-	// Pod daemon and its agent: the built-in agent's COHORT_AGENT_*
-	// settings, without the endpoint and key.
-	AgentEnv []string
-	// AgentModules is the node_modules directory the known third-party
-	// agents are installed in; Agents are custom "name=command" agents and
-	// AgentEndpoints "name=URL" model endpoints of known ones. Together the
-	// catalog of agents an intern may name (internal/agents).
-	AgentModules   string
-	Agents         []string
-	AgentEndpoints []string
-	// AgentAuthMethods are "name=method" ACP authentication methods.
-	AgentAuthMethods []string
-	// UnsafeSharedHost runs local interns unjailed, as the gateway's own
-	// user on its own host: only for machines that cannot make jails and
-	// interns whose users are trusted with the gateway's keys.
-	UnsafeSharedHost bool
-	// InternEgressAllow are the non-public destinations (hostnames,
-	// addresses, ranges) interns may reach through their jail's internet
-	// relay: a company API on a private network. Empty: public only.
-	InternEgressAllow []string
-	// HTTPToolCAFile holds PEM certificates every local intern's
-	// http_request tool trusts besides the system roots.
-	HTTPToolCAFile string
-	// JailReadOnly are extra host paths bound read-only into every jail
-	// (an agent's runtime installed outside /usr, say).
-	JailReadOnly []string
-	// InternIdleTimeout puts an idle local intern to sleep (0: never).
-	InternIdleTimeout time.Duration
-	// JailOrphanTimeout is how long a local intern's jail runs on after
-	// its gateway has gone: a gateway started within it adopts the jail
-	// with its runs. 0 stops jails with their gateway.
-	JailOrphanTimeout time.Duration
-	// InternBinary is what local interns run from (the jail's init, the
-	// daemon and the built-in agent): cohort-intern, or this gateway's own
-	// executable when empty. serve resolves and checks it
-	// (localjail.InternBinary).
-	InternBinary string
-	// InternLimits bound each local intern's jail (and `cohort intern
-	// --jail`'s): memory, processes, CPU share, /tmp and /dev/shm, and its
-	// directory (InternDisk). A zero field is unbounded.
-	InternLimits InternLimits
-	// MaxAwakeInterns caps the awake local interns (0: no cap).
-	MaxAwakeInterns int
-	// InternStartConcurrency bounds local daemons starting at once.
-	InternStartConcurrency int
-	// ChatKeepalive is the silence after which a chat stream sends a
-	// keepalive comment; FirstEventTimeout the request budget until the
-	// agent's first event; EventTimeout the longest silence of an open
-	// stream's daemon; TurnTimeout the longest one chat request's run may
-	// take in all before it is cancelled.
-	ChatKeepalive, FirstEventTimeout, EventTimeout, TurnTimeout time.Duration
-	// InteractionDeadline is how long a question waits, passed to every
-	// local intern's daemon.
-	InteractionDeadline time.Duration
-	// Background runs (internal/runs, docs/background.md): the running
-	// ones a workspace may have, the bytes of chunks kept per run, how
-	// long ended runs are kept, and a recording gateway's lease.
-	BackgroundMaxRunning int
-	BackgroundEventBytes int64
-	BackgroundRetention  time.Duration
-	BackgroundLease      time.Duration
-	// FederationAllowHosts are the non-public identity provider hosts and
-	// ranges discovery and JWKS fetches may reach.
-	FederationAllowHosts []string
-	// WebhookAllowHosts are the non-public hosts and ranges webhook
-	// deliveries may reach; WebhookLease how long a claimed delivery is
-	// one replica's (0: the default).
-	WebhookAllowHosts []string
-	WebhookLease      time.Duration
+	// AllowHosts are the non-public identity provider hosts and ranges
+	// discovery and JWKS fetches may reach.
+	AllowHosts []string
 }
 
-// Default returns the defaults the README documents.
+// Webhooks are the operator's webhook settings.
+type Webhooks struct {
+	// AllowHosts are the non-public hosts and ranges deliveries may reach.
+	AllowHosts []string
+	// Lease is how long a claimed delivery is one replica's (0: the
+	// default).
+	Lease time.Duration
+}
+
+// Default returns the defaults no subsystem's package owns.
 func Default() Config {
 	return Config{
-		Listen:          "127.0.0.1:8080",
-		DataDir:         "./.cohort",
-		LogLevel:        "info",
-		ShutdownTimeout: 10 * time.Second,
-		Provisioner:     "local",
-		TokenIssuer:     "cohort",
-		ExchangeRate:    "60/m",
-		TurnRate:        "60/m",
-
-		InternIdleTimeout:      10 * time.Minute,
-		JailOrphanTimeout:      10 * time.Minute,
-		InternStartConcurrency: 4,
-		InternLimits:           DefaultInternLimits(),
-
-		ChatKeepalive:       30 * time.Second,
-		FirstEventTimeout:   30 * time.Second,
-		EventTimeout:        10 * time.Minute,
-		TurnTimeout:         30 * time.Minute,
-		InteractionDeadline: 5 * time.Minute,
-
-		BackgroundMaxRunning: 16,
-		BackgroundEventBytes: 8 << 20,
-		BackgroundRetention:  7 * 24 * time.Hour,
-		BackgroundLease:      30 * time.Second,
+		Server: Server{Listen: "127.0.0.1:8080", LogLevel: "info", ShutdownTimeout: 10 * time.Second},
+		Store:  Store{DataDir: "./.cohort"},
+		Fleet:  Fleet{IdleTimeout: 10 * time.Minute, Limits: DefaultInternLimits()},
 	}
 }
 
-// Catalog is the catalog of agents interns may name (AgentModules, Agents,
-// AgentEndpoints); errors name the setting.
-func (c Config) Catalog() (agents.Catalog, error) {
-	custom, err := agents.ParseCustom(c.Agents)
-	if err != nil {
-		return agents.Catalog{}, fmt.Errorf("--agent (COHORT_AGENTS): %w", err)
+// Validate checks what can be checked of c without opening anything, each
+// setting once: serve calls it (through server.CheckSettings) before it
+// writes anything. Errors name the flag and its variable.
+func (c Config) Validate() error {
+	if _, err := ParseOrigins(c.Server.CORSAllowOrigins); err != nil {
+		return fmt.Errorf("%s: %w", Setting("cors-allow-origins"), err)
 	}
-	endpoints, err := agents.ParseEndpoints(c.AgentEndpoints)
-	if err != nil {
-		return agents.Catalog{}, fmt.Errorf("--agent-endpoint (COHORT_AGENT_ENDPOINTS): %w", err)
+	if _, err := safehttp.ParseAllowlist(c.Federation.AllowHosts); err != nil {
+		return fmt.Errorf("%s: %w", Setting("federation-allow-hosts"), err)
 	}
-	auth, err := agents.ParseAuthMethods(c.AgentAuthMethods)
+	if _, err := safehttp.ParseAllowlist(c.Webhooks.AllowHosts); err != nil {
+		return fmt.Errorf("%s: %w", Setting("webhook-allow-hosts"), err)
+	}
+	if _, err := safehttp.ExtraRootsFromFile(c.Federation.ExtraCAFile); err != nil {
+		return err
+	}
+	_, err := c.Agents.Catalog()
+	return err
+}
+
+// Catalog is the catalog of agents interns may name (Modules, Custom,
+// Endpoints, AuthMethods); errors name the setting.
+func (a Agents) Catalog() (agents.Catalog, error) {
+	custom, err := agents.ParseCustom(a.Custom)
 	if err != nil {
-		return agents.Catalog{}, fmt.Errorf("--agent-auth-method (COHORT_AGENT_AUTH_METHODS): %w", err)
+		return agents.Catalog{}, fmt.Errorf("--agent (%s): %w", ListEnvName("agent"), err)
+	}
+	endpoints, err := agents.ParseEndpoints(a.Endpoints)
+	if err != nil {
+		return agents.Catalog{}, fmt.Errorf("--agent-endpoint (%s): %w", ListEnvName("agent-endpoint"), err)
+	}
+	auth, err := agents.ParseAuthMethods(a.AuthMethods)
+	if err != nil {
+		return agents.Catalog{}, fmt.Errorf("--agent-auth-method (%s): %w", ListEnvName("agent-auth-method"), err)
 	}
 	cat := agents.Catalog{Custom: custom, Endpoints: endpoints, AuthMethods: auth}
-	if c.AgentModules != "" {
-		if cat.Modules, err = filepath.Abs(c.AgentModules); err != nil {
+	if a.Modules != "" {
+		if cat.Modules, err = filepath.Abs(a.Modules); err != nil {
 			return agents.Catalog{}, err
 		}
 	}

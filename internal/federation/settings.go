@@ -16,6 +16,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/store"
 )
@@ -130,7 +131,7 @@ func (s *Service) checkReachable(ctx context.Context, i *store.FederationIssuer)
 		// admin should not learn the service's internal DNS from it.
 		return apierr.BadRequest("%s: the egress policy refuses this identity provider: its host resolves only to "+
 			"non-public addresses (loopback, private, link-local), which keys are never fetched from unless an operator "+
-			"lists the host or its range in --federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS)", field)
+			"lists the host or its range in %s", field, config.Setting("federation-allow-hosts"))
 	}
 	return nil
 }

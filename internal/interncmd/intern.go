@@ -63,7 +63,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 		agentBaseURL = fs.String("agent-base-url", config.Env("COHORT_AGENT_PROVIDER_URL", ""), "with --agent, the model API base URL it calls; default: its provider's (COHORT_AGENT_PROVIDER_URL)")
 		agentAuth    = fs.String("agent-auth-method", "", "the ACP authentication method to call authenticate with before any session, when the agent advertises it")
 		agentKey     = fs.String("agent-key-placeholder", "", "with --agent, the API key it sends (a jail's relay puts the real one in its place)")
-		deadline     = fs.Duration("interaction-deadline", EnvDuration("COHORT_INTERACTION_DEADLINE", 5*time.Minute), "how long a question waits before its run is cancelled (COHORT_INTERACTION_DEADLINE)")
+		deadline     = fs.Duration("interaction-deadline", EnvDuration("COHORT_INTERACTION_DEADLINE", internd.DefaultInteractionDeadline), "how long a question waits before its run is cancelled (COHORT_INTERACTION_DEADLINE)")
 		retain       = fs.Int("retain-events", EnvInt("COHORT_RETAIN_EVENTS", 10000), "events kept per run for replay (COHORT_RETAIN_EVENTS)")
 		retainBytes  = fs.Int("retain-bytes", EnvInt("COHORT_RETAIN_BYTES", 4<<20), "bytes of events kept per run for replay (COHORT_RETAIN_BYTES)")
 		maxPaused    = fs.Int("max-paused-runs", EnvInt("COHORT_MAX_PAUSED_RUNS", 256), "runs held open across a question; past it new turns get 503 busy (COHORT_MAX_PAUSED_RUNS)")

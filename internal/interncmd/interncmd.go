@@ -73,48 +73,48 @@ func Profiled(f func() error) error {
 // `cohort intern --jail`); the returned func checks them after parsing,
 // naming the flag (and its variable) that is wrong. 0 leaves one unbounded.
 func LimitFlags(fs *flag.FlagSet, l *config.InternLimits, what string) func() error {
-	memory := fs.String("intern-memory", config.Env("COHORT_INTERN_MEMORY", jail.FormatSize(l.Memory)), what+", the memory of each intern's jail (its processes, page cache and tmpfs together); past it the kernel ends its largest process; 0 unbounded (COHORT_INTERN_MEMORY)")
-	procs := fs.String("intern-max-processes", config.Env("COHORT_INTERN_MAX_PROCESSES", strconv.Itoa(l.Processes)), what+", the processes and threads of each intern's jail at once; past it fork fails; 0 unbounded (COHORT_INTERN_MAX_PROCESSES)")
-	cpu := fs.String("intern-cpu-weight", config.Env("COHORT_INTERN_CPU_WEIGHT", strconv.Itoa(l.CPUWeight)), what+", each intern's share of the CPU when it is busy, 1–10000, 100 an equal share; 0 none of its own (COHORT_INTERN_CPU_WEIGHT)")
-	cpus := fs.String("intern-cpus", config.Env("COHORT_INTERN_CPUS", strconv.FormatFloat(l.CPUs, 'f', -1, 64)), what+", a cap on each intern's CPU time in CPUs (0.5, 2), even on an idle host; default all of this host's but one; 0 none (COHORT_INTERN_CPUS)")
-	tmpfs := fs.String("intern-tmpfs", config.Env("COHORT_INTERN_TMPFS", jail.FormatSize(l.Tmpfs)), what+", the size of each intern's /tmp, and of its /dev/shm; 0 unbounded (COHORT_INTERN_TMPFS)")
-	disk := fs.String("intern-disk", config.Env("COHORT_INTERN_DISK", jail.FormatSize(l.Disk)), what+", the disk of each intern's directory (each file's size where the file system has no quota: the start log says which); 0 unbounded (COHORT_INTERN_DISK)")
+	memory := config.String(fs, "intern-memory", jail.FormatSize(l.Memory), what+", the memory of each intern's jail (its processes, page cache and tmpfs together); past it the kernel ends its largest process; 0 unbounded")
+	procs := config.String(fs, "intern-max-processes", strconv.Itoa(l.Processes), what+", the processes and threads of each intern's jail at once; past it fork fails; 0 unbounded")
+	cpu := config.String(fs, "intern-cpu-weight", strconv.Itoa(l.CPUWeight), what+", each intern's share of the CPU when it is busy, 1–10000, 100 an equal share; 0 none of its own")
+	cpus := config.String(fs, "intern-cpus", strconv.FormatFloat(l.CPUs, 'f', -1, 64), what+", a cap on each intern's CPU time in CPUs (0.5, 2), even on an idle host; default all of this host's but one; 0 none")
+	tmpfs := config.String(fs, "intern-tmpfs", jail.FormatSize(l.Tmpfs), what+", the size of each intern's /tmp, and of its /dev/shm; 0 unbounded")
+	disk := config.String(fs, "intern-disk", jail.FormatSize(l.Disk), what+", the disk of each intern's directory (each file's size where the file system has no quota: the start log says which); 0 unbounded")
 	return func() error {
 		var err error
-		size := func(name, env, v string) int64 {
+		size := func(name, v string) int64 {
 			n, e := jail.ParseSize(v)
 			if e != nil && err == nil {
-				err = fmt.Errorf("--%s (%s): %w", name, env, e)
+				err = fmt.Errorf("%s: %w", config.Setting(name), e)
 			}
 			return n
 		}
-		count := func(name, env, v string, most int) int {
+		count := func(name, v string, most int) int {
 			n, e := strconv.Atoi(v)
 			if (e != nil || n < 0 || n > most) && err == nil {
-				err = fmt.Errorf("--%s (%s): %q is not a whole number from 0 to %d", name, env, v, most)
+				err = fmt.Errorf("%s: %q is not a whole number from 0 to %d", config.Setting(name), v, most)
 			}
 			return n
 		}
-		float := func(name, env, v string) float64 {
+		float := func(name, v string) float64 {
 			n, e := strconv.ParseFloat(v, 64)
 			if (e != nil || n < 0 || n > 1024) && err == nil {
-				err = fmt.Errorf("--%s (%s): %q is not a number of CPUs such as 0.5 or 2 (0: no cap)", name, env, v)
+				err = fmt.Errorf("%s: %q is not a number of CPUs such as 0.5 or 2 (0: no cap)", config.Setting(name), v)
 			}
 			return n
 		}
 		*l = config.InternLimits{
-			Memory:    size("intern-memory", "COHORT_INTERN_MEMORY", *memory),
-			Processes: count("intern-max-processes", "COHORT_INTERN_MAX_PROCESSES", *procs, 1<<22),
-			CPUWeight: count("intern-cpu-weight", "COHORT_INTERN_CPU_WEIGHT", *cpu, 10000),
-			CPUs:      float("intern-cpus", "COHORT_INTERN_CPUS", *cpus),
-			Tmpfs:     size("intern-tmpfs", "COHORT_INTERN_TMPFS", *tmpfs),
-			Disk:      size("intern-disk", "COHORT_INTERN_DISK", *disk),
+			Memory:    size("intern-memory", *memory),
+			Processes: count("intern-max-processes", *procs, 1<<22),
+			CPUWeight: count("intern-cpu-weight", *cpu, 10000),
+			CPUs:      float("intern-cpus", *cpus),
+			Tmpfs:     size("intern-tmpfs", *tmpfs),
+			Disk:      size("intern-disk", *disk),
 		}
 		if err == nil && l.Memory > 0 && l.Memory < 64<<20 {
-			err = fmt.Errorf("--intern-memory (COHORT_INTERN_MEMORY): %s is too little for a daemon and its agent (64MiB at least)", *memory)
+			err = fmt.Errorf("%s: %s is too little for a daemon and its agent (64MiB at least)", config.Setting("intern-memory"), *memory)
 		}
 		if err == nil && l.Processes > 0 && l.Processes < 32 {
-			err = fmt.Errorf("--intern-max-processes (COHORT_INTERN_MAX_PROCESSES): %d is too few for a daemon and its agent (32 at least)", l.Processes)
+			err = fmt.Errorf("%s: %d is too few for a daemon and its agent (32 at least)", config.Setting("intern-max-processes"), l.Processes)
 		}
 		return err
 	}

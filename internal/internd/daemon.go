@@ -109,9 +109,14 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultInteractionDeadline is how long a question waits for its answer
+// when the daemon is given no deadline (serve's --interaction-deadline
+// shows it).
+const DefaultInteractionDeadline = 5 * time.Minute
+
 func (c *Config) defaults() {
 	if c.InteractionDeadline <= 0 {
-		c.InteractionDeadline = 5 * time.Minute
+		c.InteractionDeadline = DefaultInteractionDeadline
 	}
 	if c.RetainEvents <= 0 {
 		c.RetainEvents = 10000

@@ -22,6 +22,11 @@ import (
 // kind the operator names (--provisioner) up once; nothing outside
 // internal/provision names a backend.
 
+// A kind's Name is the value operators type (local, kubernetes, remote),
+// its package named for what it provides (localjail, kubepods, remote):
+// each package's Name constant is the one place that maps the two, and
+// the default kind is the one registered with RegisterDefault (ADR 0961).
+
 // A Kind is a backend as the operator names it.
 type Kind interface {
 	// Name is the value of --provisioner that selects it.
@@ -91,8 +96,9 @@ type Hooks struct {
 }
 
 var (
-	kindsMu sync.Mutex
-	kinds   = map[string]Kind{}
+	kindsMu     sync.Mutex
+	kinds       = map[string]Kind{}
+	defaultKind string
 )
 
 // Register makes a kind selectable; a second kind of one name panics.
@@ -103,6 +109,18 @@ func Register(k Kind) {
 		panic("provision: backend " + k.Name() + " registered twice")
 	}
 	kinds[k.Name()] = k
+}
+
+// RegisterDefault is Register for the kind --provisioner selects when
+// given none; a second default panics.
+func RegisterDefault(k Kind) {
+	Register(k)
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	if defaultKind != "" {
+		panic("provision: two default backends, " + defaultKind + " and " + k.Name())
+	}
+	defaultKind = k.Name()
 }
 
 // Kinds are the registered kinds by name.
@@ -133,16 +151,21 @@ func Lookup(name string) (Kind, error) {
 }
 
 // Flags declares every kind's flags on fs and --provisioner itself (whose
-// default is def); the returned func gives the selected kind's setup once
-// fs is parsed.
+// default is def, or the default kind when def is empty); the returned
+// func gives the selected kind's setup once fs is parsed.
 func Flags(fs *flag.FlagSet, def string) func() (Setup, string, error) {
+	if def == "" {
+		kindsMu.Lock()
+		def = defaultKind
+		kindsMu.Unlock()
+	}
 	var usage []string
 	setups := map[string]Setup{}
 	for _, k := range Kinds() {
 		usage = append(usage, k.Name()+": "+k.Usage())
 		setups[k.Name()] = k.Flags(fs)
 	}
-	name := fs.String("provisioner", config.Env("COHORT_PROVISIONER", def), strings.Join(usage, "; ")+" (COHORT_PROVISIONER)")
+	name := config.String(fs, "provisioner", def, strings.Join(usage, "; "))
 	return func() (Setup, string, error) {
 		if _, err := Lookup(*name); err != nil {
 			return nil, *name, err

@@ -52,6 +52,17 @@ func (r Rate) String() string {
 	return fmt.Sprintf("%d/%s burst %d", r.Events, r.Period, r.Burst)
 }
 
+// Spec renders r as ParseRate reads it ("60/m", "5/s,burst=10"): the
+// flags show their default so.
+func (r Rate) Spec() string {
+	unit := map[time.Duration]string{time.Second: "s", time.Minute: "m", time.Hour: "h"}[r.Period]
+	s := fmt.Sprintf("%d/%s", r.Events, unit)
+	if r.Burst != r.Events {
+		s += fmt.Sprintf(",burst=%d", r.Burst)
+	}
+	return s
+}
+
 // ParseRate reads "N/s", "N/m" or "N/h", optionally followed by ",burst=B"
 // (burst defaults to N), as the command line takes it.
 func ParseRate(s string) (Rate, error) {

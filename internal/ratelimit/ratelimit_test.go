@@ -79,6 +79,9 @@ func TestParseRate(t *testing.T) {
 		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
 			t.Errorf("ParseRate(%q) = %v, %v; want %v ok=%v", tc.in, got, err, tc.want, tc.ok)
 		}
+		if tc.ok && got.Spec() != tc.in {
+			t.Errorf("ParseRate(%q).Spec() = %q", tc.in, got.Spec())
+		}
 	}
 }
 

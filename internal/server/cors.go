@@ -1,9 +1,7 @@
 package server
 
 import (
-	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	connectcors "connectrpc.com/cors"
@@ -25,22 +23,6 @@ var (
 // corsMaxAge is how long a browser may cache a preflight's answer (seconds;
 // Chromium caps it at 7200).
 const corsMaxAge = "7200"
-
-// ParseOrigins checks the origins of --cors-allow-origins
-// ("https://app.example.com", scheme and host, with a port if not the
-// default) and returns them in the form browsers send in Origin.
-func ParseOrigins(list []string) ([]string, error) {
-	var out []string
-	for _, o := range list {
-		u, err := url.Parse(o)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-			return nil, fmt.Errorf("%q is not an origin: want scheme://host[:port], such as https://app.example.com", o)
-		}
-		out = append(out, strings.ToLower(u.Scheme+"://"+u.Host))
-	}
-	return out, nil
-}
 
 // cors answers preflights under /api/ and marks the API's answers to the
 // listed origins readable; a request from any other origin gets no CORS

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 func get(t *testing.T, req *http.Request) (*http.Response, string) {
@@ -109,7 +110,7 @@ func TestTruthfulPaths(t *testing.T) {
 func TestCORS(t *testing.T) {
 	t.Parallel()
 	cfg := noProvisioner()
-	cfg.CORSAllowOrigins = []string{"https://App.example.com", "http://localhost:5173"}
+	cfg.Server.CORSAllowOrigins = []string{"https://App.example.com", "http://localhost:5173"}
 	srv := httptest.NewServer(newServer(t, cfg, deps(t)).Handler())
 	t.Cleanup(srv.Close)
 
@@ -182,17 +183,17 @@ func TestNoCORSByDefault(t *testing.T) {
 
 func TestParseOrigins(t *testing.T) {
 	t.Parallel()
-	got, err := ParseOrigins([]string{"https://App.Example.com", "http://localhost:5173/"})
+	got, err := config.ParseOrigins([]string{"https://App.Example.com", "http://localhost:5173/"})
 	if err != nil || strings.Join(got, " ") != "https://app.example.com http://localhost:5173" {
 		t.Fatalf("%q %v", got, err)
 	}
 	for _, bad := range []string{"*", "app.example.com", "https://app.example.com/path", "ftp://x", "https://u@x", "https://x?q"} {
-		if _, err := ParseOrigins([]string{bad}); err == nil {
+		if _, err := config.ParseOrigins([]string{bad}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
 	cfg := noProvisioner()
-	cfg.CORSAllowOrigins = []string{"*"}
+	cfg.Server.CORSAllowOrigins = []string{"*"}
 	if _, err := New(t.Context(), cfg, deps(t)); err == nil || !strings.Contains(err.Error(), "--cors-allow-origins") {
 		t.Fatalf("New: %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/buildinfo"
 	"github.com/cohort-dev/cohort/internal/chat"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/openapi"
@@ -182,7 +183,7 @@ func (s *Server) routes() []route {
 		// Where a scraper looks first: say where the metrics are. They are
 		// never on the API's port, which faces callers.
 		{pattern: "GET /metrics", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
-			http.Error(w, "404 not found: Prometheus metrics are served on serve's --metrics-listen address (COHORT_METRICS_LISTEN), off by default, never on the API's port", http.StatusNotFound)
+			http.Error(w, "404 not found: Prometheus metrics are served on serve's "+config.Setting("metrics-listen")+" address, off by default, never on the API's port", http.StatusNotFound)
 		}},
 		// The console at "/" and its files; any other path is a plain 404
 		// (web.Handler), and under /api/ a 404 in the API's error shape.

@@ -106,7 +106,7 @@ type Deps struct {
 }
 
 // New builds the whole gateway from cfg over d: every service, its limits
-// (in memory, or on Redis when cfg.RedisURL is set), the federation's
+// (in memory, or on Redis when cfg.Store.RedisURL is set), the federation's
 // outbound client, the provisioner cfg names (its jail probed), the metrics
 // hooks, and the routes, each checked to declare what it admits. Nothing
 // runs until Start; Close releases what New opened. Errors about a setting
@@ -118,45 +118,24 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	if err := CheckSettings(cfg); err != nil {
 		return nil, err
 	}
-	turnRate, err := ratelimit.ParseRate(cfg.TurnRate)
-	if err != nil {
-		return nil, fmt.Errorf("--turn-rate: %w", err)
-	}
-	exchangeRate, err := ratelimit.ParseRate(cfg.ExchangeRate)
-	if err != nil {
-		return nil, fmt.Errorf("--exchange-rate: %w", err)
-	}
-	roots, err := safehttp.ExtraRootsFromFile(cfg.ExtraCAFile)
-	if err != nil {
-		return nil, err
-	}
-	idpAllow, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts)
-	if err != nil {
-		return nil, fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
-	}
-	hookAllow, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
-	}
-	catalog, err := cfg.Catalog()
-	if err != nil {
-		return nil, err
-	}
-	origins, err := ParseOrigins(cfg.CORSAllowOrigins)
-	if err != nil {
-		return nil, fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
-	}
+	// Checked: what follows parses what it uses and cannot fail.
+	turnRate, exchangeRate, _ := rates(cfg)
+	roots, _ := safehttp.ExtraRootsFromFile(cfg.Federation.ExtraCAFile)
+	idpAllow, _ := safehttp.ParseAllowlist(cfg.Federation.AllowHosts)
+	hookAllow, _ := safehttp.ParseAllowlist(cfg.Webhooks.AllowHosts)
+	catalog, _ := cfg.Agents.Catalog()
+	origins, _ := config.ParseOrigins(cfg.Server.CORSAllowOrigins)
 	setup := d.Setup
-	if setup == nil && cfg.Provisioner != "" {
-		if setup, err = provision.DefaultSetup(cfg.Provisioner); err != nil {
+	if setup == nil && cfg.Fleet.Provisioner != "" {
+		if setup, err = provision.DefaultSetup(cfg.Fleet.Provisioner); err != nil {
 			return nil, err
 		}
 	}
 
 	db, log := d.DB, d.Log
 	// An intern's own limits may only be lower than the operator's.
-	ins := &interns.Service{DB: db, Ceiling: store.InternLimits(cfg.InternLimits)}
-	if cfg.AgentModules != "" || len(catalog.Custom) > 0 {
+	ins := &interns.Service{DB: db, Ceiling: store.InternLimits(cfg.Fleet.Limits)}
+	if cfg.Agents.Modules != "" || len(catalog.Custom) > 0 {
 		// Without either, the catalog holds the built-in agent alone: nil
 		// says so.
 		ins.Agents = catalog
@@ -170,19 +149,19 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		Accounts:   &accounts.Service{DB: db},
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    ins,
-		Vault:      &vault.Service{DB: db, KEK: d.KEK, Interns: ins, RegionalHosts: cfg.RegionalHosts},
+		Vault:      &vault.Service{DB: db, KEK: d.KEK, Interns: ins, RegionalHosts: cfg.Server.RegionalHosts},
 		Chat: &chat.Service{Interns: ins, Log: log,
-			FirstEventTimeout: cfg.FirstEventTimeout, EventTimeout: cfg.EventTimeout, TurnTimeout: cfg.TurnTimeout},
-		ChatSSE:    sse.Options{Keepalive: cfg.ChatKeepalive},
+			FirstEventTimeout: cfg.Chat.FirstEventTimeout, EventTimeout: cfg.Chat.EventTimeout, TurnTimeout: cfg.Chat.TurnTimeout},
+		ChatSSE:    sse.Options{Keepalive: cfg.Chat.Keepalive},
 		Federation: fed,
 		Webhooks:   &webhooks.Service{DB: db, KEK: d.KEK, Allow: hookAllow, Log: log},
-		WebhookWorker: &webhooks.Worker{DB: db, KEK: d.KEK, Log: log, Lease: cfg.WebhookLease,
+		WebhookWorker: &webhooks.Worker{DB: db, KEK: d.KEK, Log: log, Lease: cfg.Webhooks.Lease,
 			Client: webhooks.NewClient(webhooks.ClientOptions{Allow: hookAllow, ExtraRoots: roots})},
 		origins: origins,
 	}
 	s.Webhooks.Wake = s.WebhookWorker.Wake
-	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.BackgroundMaxRunning, MaxEventBytes: cfg.BackgroundEventBytes,
-		Retention: cfg.BackgroundRetention, Lease: cfg.BackgroundLease, Keepalive: cfg.ChatKeepalive})
+	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.Background.MaxRunning, MaxEventBytes: cfg.Background.EventBytes,
+		Retention: cfg.Background.Retention, Lease: cfg.Background.Lease, Keepalive: cfg.Chat.Keepalive})
 	// A run's status changes become webhook events in the same transaction.
 	s.Runs.Notifier = s.Webhooks
 	s.Chat.Background = s.Runs
@@ -196,11 +175,11 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	}
 
 	fed.Reads = d.Reads
-	fed.Config.TokenIssuer = cfg.TokenIssuer
+	fed.Config.TokenIssuer = cfg.Federation.TokenIssuer
 	fed.Config.HTTPClient = safehttp.New(safehttp.Options{ExtraRoots: roots, Allow: idpAllow})
 	// Chat turns and token exchanges are counted in memory, or in Redis so
 	// that every replica counts the same.
-	if cfg.RedisURL == "" {
+	if cfg.Store.RedisURL == "" {
 		if s.Chat.Limiter, err = ratelimit.NewMemory(turnRate, nil); err != nil {
 			return nil, fmt.Errorf("--turn-rate: %w", err)
 		}
@@ -208,7 +187,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 			return nil, fmt.Errorf("--exchange-rate: %w", err)
 		}
 	} else {
-		rdb, err := ratelimit.OpenRedis(ctx, cfg.RedisURL)
+		rdb, err := ratelimit.OpenRedis(ctx, cfg.Store.RedisURL)
 		if err != nil {
 			return nil, err
 		}
@@ -221,16 +200,16 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		}
 	}
 
-	if cfg.Provisioner != "" {
+	if cfg.Fleet.Provisioner != "" {
 		// A third-party agent's model key is a vault secret of its intern,
 		// released per request to the model relay (audited).
-		ag := provision.Agents{Catalog: catalog, Command: cfg.AgentCommand,
+		ag := provision.Agents{Catalog: catalog, Command: cfg.Agents.Command,
 			ModelKey: func(ctx context.Context, internID, name, host string) (string, error) {
 				return s.Vault.Release(ctx, vault.ReleaseRequest{InternID: internID, Name: name, Host: host, Actor: "model-relay"})
 			}}
 		prov := &provision.Provisioner{DB: db, KEK: d.KEK, Log: log,
-			IdleTimeout: cfg.InternIdleTimeout, MaxAwake: cfg.MaxAwakeInterns, StartConcurrency: cfg.InternStartConcurrency}
-		if cfg.MetricsListen != "" {
+			IdleTimeout: cfg.Fleet.IdleTimeout, MaxAwake: cfg.Fleet.MaxAwake, StartConcurrency: cfg.Fleet.StartConcurrency}
+		if cfg.Server.MetricsListen != "" {
 			s.Metrics = metrics.New(db)
 			setup.Observe(provision.Hooks{KubeCall: s.Metrics.KubeCall})
 		}
@@ -257,7 +236,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		s.closers = append(s.closers, func() error { prov.Close(); return nil })
 	}
 
-	if cfg.MetricsListen != "" {
+	if cfg.Server.MetricsListen != "" {
 		// Every hook is set here, before anything (Start) can call it.
 		if s.Metrics == nil {
 			s.Metrics = metrics.New(db)
@@ -272,37 +251,40 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 	return s, nil
 }
 
-// CheckSettings checks the settings New reads without opening anything:
-// serve calls it before it writes anything, so that a wrong setting leaves
-// no database, KEK or bootstrap keys behind. Errors name the flag.
+// CheckSettings checks the settings New reads without opening anything
+// (cfg.Validate, the rates and the provisioner's name): serve calls it
+// before it writes anything, so that a wrong setting leaves no database,
+// KEK or bootstrap keys behind. Errors name the flag.
 func CheckSettings(cfg config.Config) error {
-	if _, err := ratelimit.ParseRate(cfg.TurnRate); err != nil {
-		return fmt.Errorf("--turn-rate: %w", err)
-	}
-	if _, err := ratelimit.ParseRate(cfg.ExchangeRate); err != nil {
-		return fmt.Errorf("--exchange-rate: %w", err)
-	}
-	if _, err := safehttp.ExtraRootsFromFile(cfg.ExtraCAFile); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if _, err := safehttp.ParseAllowlist(cfg.FederationAllowHosts); err != nil {
-		return fmt.Errorf("--federation-allow-hosts (COHORT_FEDERATION_ALLOW_HOSTS): %w", err)
-	}
-	if _, err := safehttp.ParseAllowlist(cfg.WebhookAllowHosts); err != nil {
-		return fmt.Errorf("%s: %w", webhooks.AllowSetting, err)
-	}
-	if _, err := cfg.Catalog(); err != nil {
+	if _, _, err := rates(cfg); err != nil {
 		return err
 	}
-	if _, err := ParseOrigins(cfg.CORSAllowOrigins); err != nil {
-		return fmt.Errorf("--cors-allow-origins (COHORT_CORS_ALLOW_ORIGINS): %w", err)
-	}
-	if cfg.Provisioner != "" {
-		if _, err := provision.Lookup(cfg.Provisioner); err != nil {
+	if cfg.Fleet.Provisioner != "" {
+		if _, err := provision.Lookup(cfg.Fleet.Provisioner); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// rates are the chat turn and token exchange limits; empty is the
+// owning package's default.
+func rates(cfg config.Config) (turn, exchange ratelimit.Rate, err error) {
+	turn, exchange = chat.DefaultTurnRate, federation.DefaultExchangeRate
+	if cfg.Chat.TurnRate != "" {
+		if turn, err = ratelimit.ParseRate(cfg.Chat.TurnRate); err != nil {
+			return turn, exchange, fmt.Errorf("--turn-rate: %w", err)
+		}
+	}
+	if cfg.Federation.ExchangeRate != "" {
+		if exchange, err = ratelimit.ParseRate(cfg.Federation.ExchangeRate); err != nil {
+			return turn, exchange, fmt.Errorf("--exchange-rate: %w", err)
+		}
+	}
+	return turn, exchange, nil
 }
 
 // Start starts the gateway's own work: the provisioner (the daemons of

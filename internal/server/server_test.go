@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"flag"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
+	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/kubepods"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
@@ -36,7 +38,7 @@ func deps(t *testing.T) Deps {
 // noProvisioner is serve's defaults without a provisioner.
 func noProvisioner() config.Config {
 	cfg := config.Default()
-	cfg.Provisioner = ""
+	cfg.Fleet.Provisioner = ""
 	return cfg
 }
 
@@ -132,12 +134,12 @@ func TestNewFederationSettings(t *testing.T) {
 	d := deps(t)
 	ctx := context.Background()
 	for name, change := range map[string]func(*config.Config){
-		"bad exchange rate": func(c *config.Config) { c.ExchangeRate = "fast" },
-		"bad turn rate":     func(c *config.Config) { c.TurnRate = "fast" },
-		"redis unreachable": func(c *config.Config) { c.RedisURL = "redis://127.0.0.1:1/0" },
-		"missing CA file":   func(c *config.Config) { c.ExtraCAFile = filepath.Join(t.TempDir(), "none.pem") },
-		"bad allow list":    func(c *config.Config) { c.FederationAllowHosts = []string{"10.0.0.0/40"} },
-		"bad agent":         func(c *config.Config) { c.Agents = []string{"no command"} },
+		"bad exchange rate": func(c *config.Config) { c.Federation.ExchangeRate = "fast" },
+		"bad turn rate":     func(c *config.Config) { c.Chat.TurnRate = "fast" },
+		"redis unreachable": func(c *config.Config) { c.Store.RedisURL = "redis://127.0.0.1:1/0" },
+		"missing CA file":   func(c *config.Config) { c.Federation.ExtraCAFile = filepath.Join(t.TempDir(), "none.pem") },
+		"bad allow list":    func(c *config.Config) { c.Federation.AllowHosts = []string{"10.0.0.0/40"} },
+		"bad agent":         func(c *config.Config) { c.Agents.Custom = []string{"no command"} },
 	} {
 		cfg := noProvisioner()
 		change(&cfg)
@@ -147,7 +149,7 @@ func TestNewFederationSettings(t *testing.T) {
 		}
 	}
 	cfg := noProvisioner()
-	cfg.RedisURL, cfg.TokenIssuer, cfg.ExchangeRate = "redis://127.0.0.1:6379/0", "https://api.cohort.example", "5/s,burst=10"
+	cfg.Store.RedisURL, cfg.Federation.TokenIssuer, cfg.Federation.ExchangeRate = "redis://127.0.0.1:6379/0", "https://api.cohort.example", "5/s,burst=10"
 	s, err := New(ctx, cfg, d)
 	if err != nil {
 		t.Fatalf("Redis must run at 127.0.0.1:6379: %v", err)
@@ -180,7 +182,7 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 	}
 
 	cfg := noProvisioner()
-	cfg.Provisioner, cfg.MetricsListen, cfg.RegionalHosts = remote.Name, "127.0.0.1:0", []string{"eu.api.example.com"}
+	cfg.Fleet.Provisioner, cfg.Server.MetricsListen, cfg.Server.RegionalHosts = remote.Name, "127.0.0.1:0", []string{"eu.api.example.com"}
 	s = newServer(t, cfg, d)
 	if s.Provisioner == nil || s.Chat.Daemons != s.Provisioner || s.Interns.Lifecycle != s.Provisioner || s.Provisioner.Backend != s.Backend {
 		t.Fatalf("remote provisioner not wired: %+v", s)
@@ -197,19 +199,19 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 
 	for _, bad := range []string{"cloud", kubepods.Name} {
 		cfg := noProvisioner()
-		cfg.Provisioner = bad
+		cfg.Fleet.Provisioner = bad
 		if s, err := New(ctx, cfg, d); err == nil {
 			s.Close()
 			t.Errorf("provisioner %q accepted (without its cluster)", bad)
 		}
 	}
 	cfg = noProvisioner()
-	cfg.Provisioner, cfg.DataDir = localjail.Name, t.TempDir()
+	cfg.Fleet.Provisioner, cfg.Store.DataDir = localjail.Name, t.TempDir()
 	if s, err := New(ctx, cfg, d); err == nil {
 		s.Close()
 		t.Fatal("a local provisioner without a jail was accepted")
 	}
-	cfg.UnsafeSharedHost = true
+	d.Setup = localSetup(t, cfg, "--unsafe-shared-host")
 	s = newServer(t, cfg, d)
 	lb, ok := s.Backend.(*localjail.Backend)
 	if s.Provisioner == nil || !ok || lb.Jail != nil || lb.Agents.ModelKey == nil || s.Warning != localjail.UnsafeSharedHostWarning {
@@ -219,9 +221,28 @@ func TestNewWiresTheProvisioner(t *testing.T) {
 		t.Fatalf("without an intern binary, interns run from this executable, not %q", lb.Command)
 	}
 	// The binary serve chose (localjail.InternBinary) runs the interns.
-	cfg.InternBinary = "/opt/cohort/cohort-intern"
+	const bin = "/opt/cohort/cohort-intern"
+	d.Setup = localSetup(t, cfg, "--unsafe-shared-host", "--intern-binary", bin)
 	s = newServer(t, cfg, d)
-	if lb := s.Backend.(*localjail.Backend); !slices.Equal(lb.Command, []string{cfg.InternBinary}) {
-		t.Fatalf("interns run from %q, want %s", lb.Command, cfg.InternBinary)
+	if lb := s.Backend.(*localjail.Backend); !slices.Equal(lb.Command, []string{bin}) {
+		t.Fatalf("interns run from %q, want %s", lb.Command, bin)
 	}
+}
+
+// localSetup is the local backend's setup of these flags, checked.
+func localSetup(t *testing.T, cfg config.Config, args ...string) provision.Setup {
+	t.Helper()
+	k, err := provision.Lookup(localjail.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("local", flag.ContinueOnError)
+	setup := k.Flags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Check(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return setup
 }

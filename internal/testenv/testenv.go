@@ -40,7 +40,7 @@ type Env struct {
 // no provisioner (a test that needs daemons sets its own on the server).
 func Config() config.Config {
 	cfg := config.Default()
-	cfg.Provisioner = ""
+	cfg.Fleet.Provisioner = ""
 	return cfg
 }
 

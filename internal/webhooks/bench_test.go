@@ -21,7 +21,7 @@ import (
 // receiver that answers 204 at once.
 func benchEnv(b *testing.B, db *bun.DB, got chan<- string) *testenv.Env {
 	cfg := testenv.Config()
-	cfg.WebhookAllowHosts = []string{"127.0.0.0/8"}
+	cfg.Webhooks.AllowHosts = []string{"127.0.0.0/8"}
 	e := testenv.NewConfig(b, db, cfg)
 	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)

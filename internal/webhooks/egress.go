@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 )
 
@@ -27,7 +28,7 @@ import (
 // receiver on the operator's own network); anything public is https.
 
 // AllowSetting names the operator's setting in errors.
-const AllowSetting = "--webhook-allow-hosts (COHORT_WEBHOOK_ALLOW_HOSTS)"
+var AllowSetting = config.Setting("webhook-allow-hosts")
 
 // MaxURL bounds an endpoint URL.
 const MaxURL = 2048

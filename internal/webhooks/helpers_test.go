@@ -135,7 +135,7 @@ func loopback(t testing.TB) *safehttp.Allowlist {
 // service on clk.
 func newEnv(t *testing.T, db *bun.DB, clk *clock) *testenv.Env {
 	cfg := testenv.Config()
-	cfg.WebhookAllowHosts = []string{"127.0.0.0/8"}
+	cfg.Webhooks.AllowHosts = []string{"127.0.0.0/8"}
 	e := testenv.NewConfig(t, db, cfg)
 	if clk != nil {
 		e.Server.Webhooks.Now = clk.Now

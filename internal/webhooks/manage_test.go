@@ -97,7 +97,7 @@ func TestEgressPolicy(t *testing.T) {
 	}
 	// The metadata address stays refused whatever is listed.
 	cfg := testenv.Config()
-	cfg.WebhookAllowHosts = []string{"0.0.0.0/0", "127.0.0.0/8"}
+	cfg.Webhooks.AllowHosts = []string{"0.0.0.0/0", "127.0.0.0/8"}
 	e2 := testenv.NewConfig(t, storetest.SQLite(t), cfg)
 	st, body, _ := e2.Do(t, "POST", "/webhooks/endpoints", e2.WorkspaceKey, "application/json", `{"url":"http://169.254.169.254/","events":["run.paused"]}`)
 	if st != 400 {
@@ -127,7 +127,7 @@ func TestEgressPolicy(t *testing.T) {
 func TestConnectDoorAndScope(t *testing.T) {
 	db := storetest.SQLite(t)
 	cfg := testenv.Config()
-	cfg.WebhookAllowHosts = []string{"127.0.0.0/8"}
+	cfg.Webhooks.AllowHosts = []string{"127.0.0.0/8"}
 	e := testenv.NewConfig(t, db, cfg)
 	rc := newReceiver(t, nil)
 	c := cohortv1connect.NewWebhookServiceClient(e.HTTPClient(), e.URL)

@@ -30,21 +30,20 @@ func (kind) Usage() string { return "each awake intern is a Pod" }
 
 // Flags are the settings of --provisioner kubernetes (docs/kubernetes.md).
 func (kind) Flags(fs *flag.FlagSet) provision.Setup {
-	env := config.Env
 	return &setup{
-		config:        fs.String("kube-config", env("COHORT_KUBE_CONFIG", ""), "with kubernetes, the kubeconfig file of the cluster; empty: the Pod's own service account (COHORT_KUBE_CONFIG)"),
-		namespace:     fs.String("kube-namespace", env("COHORT_KUBE_NAMESPACE", "cohort-interns"), "with kubernetes, the namespace of intern Pods, claims, Secrets and Leases (COHORT_KUBE_NAMESPACE)"),
-		image:         fs.String("kube-image", env("COHORT_KUBE_IMAGE", ""), "with kubernetes, the image intern Pods run (/cohort intern): the gateway's own; required (COHORT_KUBE_IMAGE)"),
-		gatewayURL:    fs.String("kube-gateway-url", env("COHORT_KUBE_GATEWAY_URL", ""), "with kubernetes, where intern Pods reach the gateway (http://cohort.cohort.svc.cluster.local:8080); required (COHORT_KUBE_GATEWAY_URL)"),
-		cpuRequest:    fs.String("kube-cpu-request", env("COHORT_KUBE_CPU_REQUEST", "100m"), "with kubernetes, each intern Pod's CPU request (COHORT_KUBE_CPU_REQUEST)"),
-		memoryRequest: fs.String("kube-memory-request", env("COHORT_KUBE_MEMORY_REQUEST", "128Mi"), "with kubernetes, each intern Pod's memory request (COHORT_KUBE_MEMORY_REQUEST)"),
-		cpuLimit:      fs.String("kube-cpu-limit", env("COHORT_KUBE_CPU_LIMIT", "1"), "with kubernetes, each intern Pod's CPU limit (COHORT_KUBE_CPU_LIMIT)"),
-		memoryLimit:   fs.String("kube-memory-limit", env("COHORT_KUBE_MEMORY_LIMIT", "1Gi"), "with kubernetes, each intern Pod's memory limit (COHORT_KUBE_MEMORY_LIMIT)"),
-		storage:       fs.String("kube-storage-size", env("COHORT_KUBE_STORAGE_SIZE", "1Gi"), "with kubernetes, the size of each intern's claim, which outlives its Pods (COHORT_KUBE_STORAGE_SIZE)"),
-		tmpSize:       fs.String("kube-tmp-size", env("COHORT_KUBE_TMP_SIZE", "1Gi"), "with kubernetes, the size limit of each intern Pod's /tmp (its HOME), an emptyDir; past it the Pod is evicted (COHORT_KUBE_TMP_SIZE)"),
-		storageClass:  fs.String("kube-storage-class", env("COHORT_KUBE_STORAGE_CLASS", ""), "with kubernetes, the storage class of the claims; empty: the cluster's default (COHORT_KUBE_STORAGE_CLASS)"),
-		wakeTimeout:   fs.String("kube-wake-timeout", env("COHORT_KUBE_WAKE_TIMEOUT", "2m"), "with kubernetes, how long a wake waits for the intern's Pod to be ready (COHORT_KUBE_WAKE_TIMEOUT)"),
-		agentModules:  fs.String("kube-agent-modules", env("COHORT_KUBE_AGENT_MODULES", ""), "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods (COHORT_KUBE_AGENT_MODULES)"),
+		config:        config.String(fs, "kube-config", "", "with kubernetes, the kubeconfig file of the cluster; empty: the Pod's own service account"),
+		namespace:     config.String(fs, "kube-namespace", "cohort-interns", "with kubernetes, the namespace of intern Pods, claims, Secrets and Leases"),
+		image:         config.String(fs, "kube-image", "", "with kubernetes, the image intern Pods run (/cohort intern): the gateway's own; required"),
+		gatewayURL:    config.String(fs, "kube-gateway-url", "", "with kubernetes, where intern Pods reach the gateway (http://cohort.cohort.svc.cluster.local:8080); required"),
+		cpuRequest:    config.String(fs, "kube-cpu-request", "100m", "with kubernetes, each intern Pod's CPU request"),
+		memoryRequest: config.String(fs, "kube-memory-request", "128Mi", "with kubernetes, each intern Pod's memory request"),
+		cpuLimit:      config.String(fs, "kube-cpu-limit", "1", "with kubernetes, each intern Pod's CPU limit"),
+		memoryLimit:   config.String(fs, "kube-memory-limit", "1Gi", "with kubernetes, each intern Pod's memory limit"),
+		storage:       config.String(fs, "kube-storage-size", "1Gi", "with kubernetes, the size of each intern's claim, which outlives its Pods"),
+		tmpSize:       config.String(fs, "kube-tmp-size", "1Gi", "with kubernetes, the size limit of each intern Pod's /tmp (its HOME), an emptyDir; past it the Pod is evicted"),
+		storageClass:  config.String(fs, "kube-storage-class", "", "with kubernetes, the storage class of the claims; empty: the cluster's default"),
+		wakeTimeout:   config.String(fs, "kube-wake-timeout", "2m", "with kubernetes, how long a wake waits for the intern's Pod to be ready"),
+		agentModules:  config.String(fs, "kube-agent-modules", "", "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods"),
 	}
 }
 
@@ -64,31 +63,31 @@ type setup struct {
 // read, nothing written or dialled).
 func (s *setup) Check(config.Config) error {
 	if *s.image == "" {
-		return fmt.Errorf("--kube-image (COHORT_KUBE_IMAGE) is required with --provisioner kubernetes")
+		return fmt.Errorf("%s is required with --provisioner kubernetes", config.Setting("kube-image"))
 	}
 	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
-		return fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
+		return fmt.Errorf("%s must be the http:// or https:// URL intern Pods reach the gateway at, not %q", config.Setting("kube-gateway-url"), *s.gatewayURL)
 	}
 	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
 		Identity: os.Getenv("POD_NAME"), Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
-		flag, env, v string
-		into         corev1.ResourceList
-		name         corev1.ResourceName
+		flag, v string
+		into    corev1.ResourceList
+		name    corev1.ResourceName
 	}{
-		{"kube-cpu-request", "COHORT_KUBE_CPU_REQUEST", *s.cpuRequest, kc.Requests, corev1.ResourceCPU},
-		{"kube-memory-request", "COHORT_KUBE_MEMORY_REQUEST", *s.memoryRequest, kc.Requests, corev1.ResourceMemory},
-		{"kube-cpu-limit", "COHORT_KUBE_CPU_LIMIT", *s.cpuLimit, kc.Limits, corev1.ResourceCPU},
-		{"kube-memory-limit", "COHORT_KUBE_MEMORY_LIMIT", *s.memoryLimit, kc.Limits, corev1.ResourceMemory},
-		{"kube-storage-size", "COHORT_KUBE_STORAGE_SIZE", *s.storage, nil, corev1.ResourceStorage},
-		{"kube-tmp-size", "COHORT_KUBE_TMP_SIZE", *s.tmpSize, nil, corev1.ResourceEphemeralStorage},
+		{"kube-cpu-request", *s.cpuRequest, kc.Requests, corev1.ResourceCPU},
+		{"kube-memory-request", *s.memoryRequest, kc.Requests, corev1.ResourceMemory},
+		{"kube-cpu-limit", *s.cpuLimit, kc.Limits, corev1.ResourceCPU},
+		{"kube-memory-limit", *s.memoryLimit, kc.Limits, corev1.ResourceMemory},
+		{"kube-storage-size", *s.storage, nil, corev1.ResourceStorage},
+		{"kube-tmp-size", *s.tmpSize, nil, corev1.ResourceEphemeralStorage},
 	} {
 		if q.v == "" && q.into != nil {
 			continue // no request or limit of that kind
 		}
 		v, err := resource.ParseQuantity(q.v)
 		if err != nil || v.Sign() <= 0 {
-			return fmt.Errorf("--%s (%s): %q is not a quantity such as 500m, 256Mi or 2", q.flag, q.env, q.v)
+			return fmt.Errorf("%s: %q is not a quantity such as 500m, 256Mi or 2", config.Setting(q.flag), q.v)
 		}
 		switch {
 		case q.name == corev1.ResourceEphemeralStorage:
@@ -101,7 +100,7 @@ func (s *setup) Check(config.Config) error {
 	}
 	d, err := time.ParseDuration(*s.wakeTimeout)
 	if err != nil || d <= 0 {
-		return fmt.Errorf("--kube-wake-timeout (COHORT_KUBE_WAKE_TIMEOUT): %q is not a duration such as 2m", *s.wakeTimeout)
+		return fmt.Errorf("%s: %q is not a duration such as 2m", config.Setting("kube-wake-timeout"), *s.wakeTimeout)
 	}
 	kc.WakeTimeout = d
 	var rc *rest.Config
@@ -111,7 +110,7 @@ func (s *setup) Check(config.Config) error {
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return fmt.Errorf("--kube-config (COHORT_KUBE_CONFIG): %w", err)
+		return fmt.Errorf("%s: %w", config.Setting("kube-config"), err)
 	}
 	rc.UserAgent = "cohort-gateway"
 	// client-go's default of 5 requests a second would pace wakes, not the cluster.
@@ -132,14 +131,14 @@ func (s *setup) Prepare(_ context.Context, env provision.Env) (func(), error) {
 	cfg := env.Config
 	root := strings.TrimRight(*s.gatewayURL, "/")
 	s.kc.GatewayURL, s.kc.RelayURL = root+env.APIPrefix, root+RelayPath
-	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
+	relay, err := egress.New(egress.Config{ModelBaseURL: cfg.Agents.BaseURL, ModelAPIKey: cfg.Agents.APIKey,
 		Placeholder: agents.KeyPlaceholder, Log: env.Log.With("component", "egress")})
 	if err != nil {
 		return nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
 	s.relay = relay
-	s.kc.ModelPath, s.kc.AgentEnv = relay.ModelPath(), cfg.AgentEnv
-	if cfg.AgentAPIKey != "" {
+	s.kc.ModelPath, s.kc.AgentEnv = relay.ModelPath(), cfg.Agents.Env
+	if cfg.Agents.APIKey != "" {
 		s.kc.ModelKeyPlaceholder = agents.KeyPlaceholder
 	}
 	return func() { relay.Close() }, nil
@@ -149,7 +148,7 @@ func (s *setup) Backend(env provision.Env, p *provision.Provisioner, ag provisio
 	if s.relay == nil {
 		return nil, errors.New("server: the kubernetes provisioner needs its cluster (its setup's Check and Prepare)")
 	}
-	s.b = &Backend{Config: *s.kc, Agents: ag, InteractionDeadline: env.Config.InteractionDeadline, OnCall: s.onCall}
+	s.b = &Backend{Config: *s.kc, Agents: ag, InteractionDeadline: env.Config.Chat.InteractionDeadline, OnCall: s.onCall}
 	s.b.relayHandler = s.b.PodModelRelay(p, s.relay)
 	return s.b, nil
 }

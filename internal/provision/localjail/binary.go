@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/buildinfo"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // InternBinaryName is the small binary of an intern's jail
@@ -39,7 +40,7 @@ func InternBinary(ctx context.Context, setting, self string, log *slog.Logger) s
 		bin = abs
 	}
 	if err := sameBuild(ctx, bin); err != nil {
-		log.Warn("interns run from the gateway's own binary instead of --intern-binary (COHORT_INTERN_BINARY)",
+		log.Warn("interns run from the gateway's own binary instead of "+config.Setting("intern-binary"),
 			"binary", self, "refused", bin, "err", err)
 		return self
 	}

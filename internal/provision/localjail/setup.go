@@ -25,7 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
-func init() { provision.Register(kind{}) }
+func init() { provision.RegisterDefault(kind{}) }
 
 // UnsafeSharedHostWarning is logged at start and reported by /readyz when
 // local interns run unjailed.
@@ -38,20 +38,57 @@ func (kind) Usage() string {
 	return "the gateway runs each intern's daemon in a jail on this machine"
 }
 
-// Flags: the local backend's settings are the configuration's own (they
-// predate the registry and `intern --jail` shares them).
-func (kind) Flags(*flag.FlagSet) provision.Setup { return &setup{} }
+// Flags are the settings of --provisioner local (ADR 0961): the jails'
+// own. The limits of each jail are the fleet's (config.Fleet.Limits), the
+// ceiling of every backend's interns.
+func (kind) Flags(fs *flag.FlagSet) provision.Setup {
+	s := &setup{
+		unsafeShared: new(bool),
+		egressAllow:  config.String(fs, "intern-egress-allow-hosts", "", "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never"),
+		toolCA:       config.String(fs, "http-tool-ca-file", "", "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA"),
+		internBinary: config.String(fs, "intern-binary", "", "with local, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning"),
+		readOnly:     config.String(fs, "jail-ro-bind", "", "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc"),
+		orphan:       config.String(fs, "jail-orphan-timeout", (10 * time.Minute).String(), "with local, how long interns' jails run on after the gateway stops (a restart adopts them, runs and paused runs intact); 0 stops them with it"),
+	}
+	config.BoolVar(fs, s.unsafeShared, "unsafe-shared-host", false, "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys")
+	return s
+}
 
 // setup brings up the jails of local interns: their relays and a probe
 // that this machine can make them, before anything is written.
 type setup struct {
+	// The flags, and what Check makes of them.
+	unsafeShared                                        *bool
+	egressAllow, toolCA, internBinary, readOnly, orphan *string
+	allow                                               *safehttp.Allowlist
+	toolCAFile                                          string
+	orphanTimeout                                       time.Duration
+
 	binary string
 	jail   *JailConfig
 	relay  *egress.Relay
 	unsafe bool
 }
 
-func (s *setup) Check(config.Config) error { return nil }
+// Check checks the jails' settings, each once, naming the flag.
+func (s *setup) Check(config.Config) error {
+	var err error
+	if s.allow, err = safehttp.ParseAllowlist(config.SplitList(*s.egressAllow)); err != nil {
+		return fmt.Errorf("%s: %w", config.Setting("intern-egress-allow-hosts"), err)
+	}
+	if s.toolCAFile = *s.toolCA; s.toolCAFile != "" {
+		if s.toolCAFile, err = filepath.Abs(s.toolCAFile); err == nil {
+			_, err = safehttp.ExtraRootsFromFile(s.toolCAFile)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", config.Setting("http-tool-ca-file"), err)
+		}
+	}
+	if s.orphanTimeout, err = time.ParseDuration(*s.orphan); err != nil || s.orphanTimeout < 0 {
+		return fmt.Errorf("%s: %q is not a duration such as 10m or 30s (0 stops jails with the gateway)", config.Setting("jail-orphan-timeout"), *s.orphan)
+	}
+	return nil
+}
 
 func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) {
 	cfg := env.Config
@@ -59,19 +96,19 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
-	s.binary = InternBinary(ctx, cfg.InternBinary, self, env.Log)
-	if cfg.UnsafeSharedHost {
+	s.binary = InternBinary(ctx, *s.internBinary, self, env.Log)
+	if *s.unsafeShared {
 		return func() {}, nil
 	}
 	// The data directory exists before the jail's hidden paths are
 	// resolved (through symlinks too); it is created empty.
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	if err := os.MkdirAll(cfg.Store.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	if s.jail, s.relay, err = internJail(cfg, env.Listen, env.Log); err != nil {
+	if s.jail, s.relay, err = s.internJail(cfg, env.Listen, env.Log); err != nil {
 		return nil, err
 	}
-	checkDescriptors(env.Log, cfg.MaxAwakeInterns, s.relay.MaxConnsPerIntern())
+	checkDescriptors(env.Log, cfg.Fleet.MaxAwake, s.relay.MaxConnsPerIntern())
 	if err := probe(s.backend(env, provision.Agents{})); err != nil {
 		s.relay.Close()
 		return nil, err
@@ -80,7 +117,7 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 }
 
 func (s *setup) Backend(env provision.Env, _ *provision.Provisioner, ag provision.Agents) (provision.Backend, error) {
-	if s.jail == nil && !env.Config.UnsafeSharedHost {
+	if s.jail == nil && !*s.unsafeShared {
 		return nil, errors.New("server: the local provisioner jails every intern (its setup's Prepare makes the jail) unless --unsafe-shared-host allows otherwise")
 	}
 	s.unsafe = s.jail == nil
@@ -100,9 +137,9 @@ func (s *setup) Backend(env provision.Env, _ *provision.Provisioner, ag provisio
 // backend is the local jails' backend of these settings.
 func (s *setup) backend(env provision.Env, ag provision.Agents) *Backend {
 	cfg := env.Config
-	b := &Backend{DataDir: cfg.DataDir, Agents: ag, InteractionDeadline: cfg.InteractionDeadline,
-		HTTPToolCAFile: cfg.HTTPToolCAFile, Jail: s.jail, GatewayURL: env.GatewayURL}
-	if bin := cmp.Or(s.binary, cfg.InternBinary); bin != "" {
+	b := &Backend{DataDir: cfg.Store.DataDir, Agents: ag, InteractionDeadline: cfg.Chat.InteractionDeadline,
+		HTTPToolCAFile: s.toolCAFile, Jail: s.jail, GatewayURL: env.GatewayURL}
+	if bin := cmp.Or(s.binary, *s.internBinary); bin != "" {
 		b.Command = []string{bin}
 	}
 	return b
@@ -144,22 +181,19 @@ func probe(b *Backend) error {
 	return nil
 }
 
-// internJail is the jail of every local intern, after checking its
-// settings. Its relays are open until the caller closes them.
-func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, *egress.Relay, error) {
+// internJail is the jail of every local intern, of the checked settings.
+// Its relays are open until the caller closes them.
+func (s *setup) internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, *egress.Relay, error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 			gwAddr = net.JoinHostPort("127.0.0.1", port)
 		}
 	}
-	allow, err := safehttp.ParseAllowlist(cfg.InternEgressAllow)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--intern-egress-allow-hosts: %w", err)
-	}
 	var toolCA []byte
-	if cfg.HTTPToolCAFile != "" {
-		if toolCA, err = os.ReadFile(cfg.HTTPToolCAFile); err != nil {
+	if s.toolCAFile != "" {
+		var err error
+		if toolCA, err = os.ReadFile(s.toolCAFile); err != nil {
 			return nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
@@ -167,16 +201,16 @@ func internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, 
 	if telemetry.Enabled() {
 		traces, tracesHeaders = telemetry.TracesEndpoint()
 	}
-	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.AgentBaseURL, ModelAPIKey: cfg.AgentAPIKey,
-		Placeholder: agents.KeyPlaceholder, Internet: true, Allow: allow, TracesURL: traces, TracesHeaders: tracesHeaders,
+	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.Agents.BaseURL, ModelAPIKey: cfg.Agents.APIKey,
+		Placeholder: agents.KeyPlaceholder, Internet: true, Allow: s.allow, TracesURL: traces, TracesHeaders: tracesHeaders,
 		UpstreamRoots: pemCerts(toolCA), Log: log.With("component", "egress")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &JailConfig{Relay: relay, AgentEnv: cfg.AgentEnv, ReadOnly: cfg.JailReadOnly, HTTPToolCA: string(toolCA), Traces: traces != "",
-		Orphan: cfg.JailOrphanTimeout, Limits: Limits(cfg.InternLimits),
-		Hide: HiddenPaths(append([]string{cfg.DataDir, cfg.KEKPath(), cfg.SQLitePath()}, BinaryDir()...)...)}
-	if cfg.AgentAPIKey != "" {
+	jc := &JailConfig{Relay: relay, AgentEnv: cfg.Agents.Env, ReadOnly: config.SplitList(*s.readOnly), HTTPToolCA: string(toolCA), Traces: traces != "",
+		Orphan: s.orphanTimeout, Limits: Limits(cfg.Fleet.Limits),
+		Hide: HiddenPaths(append([]string{cfg.Store.DataDir, cfg.Store.KEKPath(), cfg.Store.SQLitePath()}, BinaryDir()...)...)}
+	if cfg.Agents.APIKey != "" {
 		jc.ModelKeyPlaceholder = agents.KeyPlaceholder
 	}
 	if err := jc.Check(); err != nil {
