@@ -4,14 +4,14 @@ import (
 	"flag"
 	"strings"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/config"
-	"github.com/cohort-dev/cohort/internal/interncmd"
 )
 
 // agentFlags registers the catalog of agents interns may name. The admin
 // CLI reads the same variables, so that it validates as serve does.
 func agentFlags(fs *flag.FlagSet, cfg *config.Config) {
-	fs.StringVar(&cfg.AgentModules, "agent-modules", env("COHORT_AGENT_MODULES", ""), "node_modules directory of the third-party agents interns may run (npm install --no-save in agents/): "+strings.Join(interncmd.KnownAgents(), ", ")+" (COHORT_AGENT_MODULES; docs/agents.md)")
+	fs.StringVar(&cfg.AgentModules, "agent-modules", env("COHORT_AGENT_MODULES", ""), "node_modules directory of the third-party agents interns may run (npm install --no-save in agents/): "+strings.Join(agents.KnownNames(), ", ")+" (COHORT_AGENT_MODULES; docs/agents.md)")
 	cfg.Agents = splitEntries(env("COHORT_AGENTS", ""))
 	fs.Func("agent", "a custom ACP agent interns may run, name=command (repeatable; COHORT_AGENTS, entries separated by ';')", func(v string) error {
 		cfg.Agents = append(cfg.Agents, v)

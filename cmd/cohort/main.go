@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 var (
 	env          = config.Env
 	envBool      = config.EnvBool
-	envDuration  = interncmd.EnvDuration
+	envDuration  = config.EnvDuration
 	splitList    = config.SplitList
 	newLogger    = interncmd.NewLogger
 	startTracing = interncmd.StartTracing

@@ -43,7 +43,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/h2coalesce"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
@@ -222,9 +222,9 @@ const maxDialed = 4096
 // dial returns a client of the daemon at base; calls through it count as
 // the intern's activity (id, when set). It presents the gateway's
 // credential, derived from the secret: replayed to the gateway by whatever
-// captured it, it opens nothing (internd.GatewayCredential).
+// captured it, it opens nothing (launch.GatewayCredential).
 func (p *Provisioner) dial(id, base, secret string) interndv1connect.InternDaemonServiceClient {
-	ics := []connect.Interceptor{bearerInterceptor("Bearer " + internd.GatewayCredential(secret))}
+	ics := []connect.Interceptor{bearerInterceptor("Bearer " + launch.GatewayCredential(secret))}
 	if id != "" {
 		ics = append(ics, activity{p, id})
 	}
@@ -361,7 +361,7 @@ func (p *Provisioner) Close() {
 }
 
 // VerifyDaemonSecret reports whether presented is the daemon's credential
-// for the gateway (internd.DaemonCredential), derived from the daemon
+// for the gateway (launch.DaemonCredential), derived from the daemon
 // secret stored (wrapped by the KEK) on the intern's row. The intern's
 // daemon presents it to the gateway's InternGatewayService; the secret
 // itself, or what the gateway presents to the daemon, is refused. Both
@@ -375,6 +375,6 @@ func VerifyDaemonSecret(kek *envelope.KEK, in *store.Intern, presented string) b
 	if err != nil {
 		return false
 	}
-	a, b := sha256.Sum256([]byte(internd.DaemonCredential(stored))), sha256.Sum256([]byte(presented))
+	a, b := sha256.Sum256([]byte(launch.DaemonCredential(stored))), sha256.Sum256([]byte(presented))
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }

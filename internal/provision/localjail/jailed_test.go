@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 )
 
@@ -48,7 +49,7 @@ func (specRelay) InJailModelURL(addr string) string { return "http://" + addr + 
 // neither (ADR 0932).
 func TestSpecCABundle(t *testing.T) {
 	const ca = "-----BEGIN CERTIFICATE-----\nMIIBproxyca\n-----END CERTIFICATE-----\n"
-	dj := DaemonJail{InternID: "2d0f1c1e-0000-4000-8000-000000000001", Model: "m", HostDir: t.TempDir(), Self: []string{"/bin/true"},
+	dj := DaemonJail{Daemon: launch.Daemon{InternID: "2d0f1c1e-0000-4000-8000-000000000001", Model: "m"}, HostDir: t.TempDir(), Self: []string{"/bin/true"},
 		JailConfig: JailConfig{Relay: specRelay{}, ProxyCA: ca}}
 	spec := dj.Spec()
 	var bundle string
