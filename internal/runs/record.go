@@ -139,7 +139,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 				return err
 			}
 		}
-		lease := now.Add(m.Config.Lease)
+		lease := m.lease().Until(now)
 		r.LeaseUntil, r.UpdatedAt = &lease, now
 		if _, err := tx.NewUpdate().Model(&r).WherePK().Exec(ctx); err != nil {
 			return err
@@ -349,8 +349,8 @@ func (m *Manager) heartbeat(ctx context.Context, cancel context.CancelFunc, id s
 			return
 		case <-t.C:
 		}
-		res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(m.Config.Lease)).
-			Where("id = ?", id).Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx)
+		res, err := m.lease().Extend(m.DB.NewUpdate().Model((*store.Run)(nil)), m.now()).
+			Where("id = ?", id).Where("status = ?", store.RunRunning).Exec(ctx)
 		if err != nil {
 			continue // the database is away; the lease may pass meanwhile
 		}
@@ -365,8 +365,7 @@ func (m *Manager) heartbeat(ctx context.Context, cancel context.CancelFunc, id s
 func (m *Manager) release(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)). //nolint:errcheck
-													Where("id = ?", id).Where("lease_owner = ?", m.owner).Exec(ctx)
+	m.lease().Release(m.DB.NewUpdate().Model((*store.Run)(nil))).Where("id = ?", id).Exec(ctx) //nolint:errcheck
 }
 
 // end moves a run from status from to a terminal status with an error,
@@ -471,7 +470,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 		Owner string `bun:"lease_owner"`
 	}
 	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
-		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
+		Where(store.LeaseFree("", now)).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
 	if err != nil {
 		return
 	}
@@ -484,7 +483,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 			Owner string `bun:"lease_owner"`
 		}
 		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
-			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
+			Where(store.LeaseHeld("", now)).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
 			Where(notLive, args...).
 			OrderExpr("created_at").Limit(100).Scan(ctx, &dead)
 		if err == nil {
@@ -498,10 +497,10 @@ func (m *Manager) takeOver(ctx context.Context) {
 		if m.owns(r.ID) {
 			continue
 		}
-		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
+		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set(m.lease().Take(now)).
 			Where("id = ?", r.ID).Where("status = ?", store.RunRunning)
 		if i < lapsed {
-			q = q.Where("lease_until IS NULL OR lease_until < ?", now)
+			q = q.Where(store.LeaseFree("", now))
 		} else {
 			q = q.Where("lease_owner = ?", r.Owner) // still the dead one's
 		}

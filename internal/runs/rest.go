@@ -169,7 +169,7 @@ func (m *Manager) recordHere(ctx context.Context, id string) {
 	if m.owns(id) || m.ctx.Err() != nil {
 		return
 	}
-	res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", m.now().Add(m.Config.Lease)).
+	res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set(m.lease().Take(m.now())).
 		Where("id = ?", id).Where("status = ?", store.RunRunning).Where("lease_owner <> ?", m.owner).Exec(ctx)
 	if err != nil {
 		m.Log.Warn("record a cancelled background run here", "run", id, "err", err)
