@@ -334,7 +334,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern is shutting down")
 	}
 	caller := req.GetCaller()
 	if len(caller) > 128 {
@@ -392,7 +392,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	if d.closed {
 		s.busy = false
 		d.mu.Unlock()
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern is shutting down")
 	}
 	d.turns.Add(1)
 	s.current = r
@@ -434,9 +434,9 @@ func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint6
 		if d.store.asked(req.GetSessionId(), iaID) {
 			// Asked by a run this daemon process no longer holds (it
 			// restarted, or the run aged out of memory): it has ended.
-			return nil, 0, apierr.Conflict("interaction_not_pending", "the question is no longer waiting")
+			return nil, 0, apierr.Conflict(apierr.ReasonInteractionNotPending, "the question is no longer waiting")
 		}
-		return nil, 0, apierr.New(http.StatusNotFound, "interaction_unknown", "no pending question in this session has this id")
+		return nil, 0, apierr.New(http.StatusNotFound, apierr.ReasonInteractionUnknown, "no pending question in this session has this id")
 	}
 	return r.answer(iaID, req.GetAnswer(), req.GetDetached())
 }
@@ -460,13 +460,13 @@ func (d *Daemon) Attach(req *pb.AttachRequest) (*run, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.attached {
-		return nil, apierr.Conflict("attachment_failed", "another request is already attached to the run")
+		return nil, apierr.Conflict(apierr.ReasonAttachmentFailed, "another request is already attached to the run")
 	}
 	if _, _, err := r.log.since(req.GetFromSeq()); err != nil {
 		return nil, err
 	}
 	if r.state == stateDone && max(req.GetFromSeq(), 1) >= r.log.next {
-		return nil, apierr.New(http.StatusGone, "attachment_failed", "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
+		return nil, apierr.New(http.StatusGone, apierr.ReasonAttachmentFailed, "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
 	}
 	r.attached, r.log.pin = true, max(req.GetFromSeq(), 1)
 	return r, nil
@@ -509,19 +509,19 @@ func (d *Daemon) turnDone(r *run, reply, end string) {
 }
 
 func errTurnFailed(format string, args ...any) *apierr.Error {
-	return apierr.New(http.StatusBadGateway, "turn_failed", format, args...)
+	return apierr.New(http.StatusBadGateway, apierr.ReasonTurnFailed, format, args...)
 }
 
 func errRunEnded(msg string) *apierr.Error {
-	return apierr.New(http.StatusGone, "run_ended", "%s", msg)
+	return apierr.New(http.StatusGone, apierr.ReasonRunEnded, "%s", msg)
 }
 
 var _ = fmt.Sprintf
 
 var (
-	errPausedFull  = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
-	errCallerFull  = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
-	errSessionBusy = apierr.Conflict("busy", "another turn is running in this session").Retry(apierr.RetryBusySession)
+	errPausedFull  = apierr.New(http.StatusServiceUnavailable, apierr.ReasonBusy, "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
+	errCallerFull  = apierr.New(http.StatusServiceUnavailable, apierr.ReasonBusy, "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
+	errSessionBusy = apierr.Conflict(apierr.ReasonBusy, "another turn is running in this session").Retry(apierr.RetryBusySession)
 )
 
 // busyError is the 409 for a session that holds a turn. A run paused on
@@ -541,7 +541,7 @@ func busyError(cur *run) *apierr.Error {
 	if id == "" {
 		return errSessionBusy
 	}
-	return apierr.Conflict("busy", "this session is paused waiting for an answer to interaction %q; answer it with a tool message whose tool_call_id is %q (or cancel the run) before sending a new prompt", id, id).Retry(apierr.RetryBusySession)
+	return apierr.Conflict(apierr.ReasonBusy, "this session is paused waiting for an answer to interaction %q; answer it with a tool message whose tool_call_id is %q (or cancel the run) before sending a new prompt", id, id).Retry(apierr.RetryBusySession)
 }
 
 // pauseRoom refuses a turn that could not pause because the intern's

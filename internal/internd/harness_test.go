@@ -165,7 +165,7 @@ func (e *env) attachOnceFree(t testing.TB, session, run string, from uint64) ([]
 }
 
 // wantErr checks a daemon error's HTTP status and reason.
-func wantErr(t testing.TB, err error, status int, reason string) {
+func wantErr(t testing.TB, err error, status int, reason apierr.Reason) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("want error %d %s, got none", status, reason)

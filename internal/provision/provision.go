@@ -173,7 +173,7 @@ func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (internd
 	p.init()
 	var in store.Intern
 	if err := p.DB.NewSelect().Model(&in).Where("id = ?", intern.ID).Scan(ctx); err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached").WithCause(err)
 	}
 	return p.ClientFor(&in)
 }
@@ -184,10 +184,10 @@ func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (internd
 func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
 	p.init()
 	if in.State != store.InternRunning {
-		return nil, apierr.Conflict("intern_not_ready", "the intern is not running")
+		return nil, apierr.Conflict(apierr.ReasonInternNotReady, "the intern is not running")
 	}
 	if in.DaemonURL == "" || in.DaemonSecret == "" {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached")
 	}
 	k := dialKey{id: in.ID, url: in.DaemonURL, wrapped: in.DaemonSecret}
 	p.dialMu.Lock()
@@ -198,7 +198,7 @@ func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemon
 	}
 	secret, err := p.unwrap(in)
 	if err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached").WithCause(err)
 	}
 	c = p.dial(in.ID, in.DaemonURL, secret)
 	p.dialMu.Lock()

@@ -114,7 +114,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 				if r.CancelRequested {
 					// Cancelled while it asked: the daemon's run is
 					// cancelled after this commits (follow).
-					r.Status, r.Error = store.RunCancelled, errorOf(&cohortv1.ChunkError{Code: http.StatusGone, Reason: "run_ended", Message: "the caller cancelled the run"})
+					r.Status, r.Error = store.RunCancelled, errorOf(&cohortv1.ChunkError{Code: http.StatusGone, Reason: string(apierr.ReasonRunEnded), Message: "the caller cancelled the run"})
 				}
 			case "stop":
 				r.Status, r.Pending = store.RunCompleted, ""
@@ -384,7 +384,7 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 		now := m.now()
 		r.Status, r.Pending, r.PauseDeadline, r.EndedAt, r.UpdatedAt, r.SegmentOpen = to, "", nil, &now, now, false
 		if e != nil {
-			r.Error = errorOf(&cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: e.Reason})
+			r.Error = errorOf(&cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: string(e.Reason)})
 		}
 		if _, err := tx.NewUpdate().Model(&r).WherePK().Exec(ctx); err != nil {
 			return err
@@ -560,12 +560,12 @@ func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.S
 		}
 	}
 	if r.SessionID == "" || r.DaemonRunID == "" {
-		fail(apierr.New(http.StatusBadGateway, "stream_severed", "the gateway stopped before the run started"))
+		fail(apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the gateway stopped before the run started"))
 		return nil, nil
 	}
 	var in store.Intern
 	if err := m.DB.NewSelect().Model(&in).Where("id = ?", r.InternID).Scan(ctx); err != nil || in.State == store.InternDeleted {
-		fail(apierr.New(http.StatusGone, "run_ended", "the intern of the run is gone"))
+		fail(apierr.New(http.StatusGone, apierr.ReasonRunEnded, "the intern of the run is gone"))
 		return nil, nil
 	}
 	id0, created := r.CompletionID, r.CompletionCreated
@@ -611,7 +611,7 @@ func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.S
 // transient: a refusal to attach that may pass (another reader still
 // attached, the daemon away a moment).
 func transient(e *apierr.Error) bool {
-	return (e.Status == http.StatusConflict && e.Reason == "attachment_failed") || e.Reason == "intern_unreachable" || e.Reason == "intern_not_ready"
+	return (e.Status == http.StatusConflict && e.Reason == apierr.ReasonAttachmentFailed) || e.Reason == apierr.ReasonInternUnreachable || e.Reason == apierr.ReasonInternNotReady
 }
 
 func (m *Manager) expirePaused(ctx context.Context) {
@@ -622,7 +622,7 @@ func (m *Manager) expirePaused(ctx context.Context) {
 		return
 	}
 	for _, id := range ids {
-		m.end(ctx, id, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the interaction deadline passed; the run was cancelled")) //nolint:errcheck
+		m.end(ctx, id, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, apierr.ReasonRunEnded, "the interaction deadline passed; the run was cancelled")) //nolint:errcheck
 	}
 }
 

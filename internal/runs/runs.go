@@ -255,7 +255,7 @@ var _ chat.Background = (*Manager)(nil)
 
 // errCap is the 429 of a workspace at its cap of running background runs.
 func errCap(n int) *apierr.Error {
-	return apierr.New(http.StatusTooManyRequests, "rate_limited",
+	return apierr.New(http.StatusTooManyRequests, apierr.ReasonRateLimited,
 		"this workspace has %d background runs running, as many as it may; wait for one to end or cancel one", n).Retry(5)
 }
 
@@ -338,7 +338,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer ccancel()
 			m.Chat.Cancel(cctx, in, run.SessionID) //nolint:errcheck
-			return nil, apierr.Conflict("run_ended", "the run was cancelled while the answer was on its way")
+			return nil, apierr.Conflict(apierr.ReasonRunEnded, "the run was cancelled while the answer was on its way")
 		}
 		return nil, apierr.From(err)
 	}
