@@ -29,6 +29,7 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/httptool"
+	"github.com/cohort-dev/cohort/internal/idle"
 )
 
 // Limits of the daemon protocol (the spec's Limits table).
@@ -166,8 +167,7 @@ type Daemon struct {
 	agentErr string
 	agentID  string // name and version the agent reported
 	sessions map[string]*session
-	sweep    *time.Timer // forgetIdleSessions, every minute
-	trimming atomic.Bool // a trim past MaxIdleSessions is under way
+	idle     *idle.Bound // forgets sessions idle past SessionIdleTTL, or past MaxIdleSessions
 	byACP    map[string]*session
 	closed   bool
 
@@ -235,7 +235,10 @@ func New(cfg Config) (*Daemon, error) {
 	// Sessions are read from disk when a turn needs them, and leave memory
 	// when idle (forget): memory follows the live sessions, not all of
 	// them.
-	d.sweep = time.AfterFunc(min(cfg.SessionIdleTTL/2, time.Minute), d.forgetIdleSessions)
+	// What they held goes back to the kernel after a sweep that forgot
+	// some (at most once a sweep): the Go runtime would keep it for minutes.
+	d.idle = &idle.Bound{TTL: cfg.SessionIdleTTL, Max: cfg.MaxIdleSessions, Now: d.now, Forget: d.forget, Swept: debug.FreeOSMemory}
+	d.idle.Sweep()
 	return d, nil
 }
 
@@ -251,8 +254,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	d.closed = true
-	if d.sweep != nil {
-		d.sweep.Stop()
+	if d.idle != nil {
+		d.idle.Stop()
 	}
 	var runs []*run
 	for _, s := range d.sessions {
@@ -591,39 +594,21 @@ func (d *Daemon) releasePause(caller string) {
 	}
 }
 
-// forgetIdleSessions drops from memory the sessions no run has used for
-// SessionIdleTTL: no turn in flight or paused, every run ended and
-// detached. Their files stay; a later turn reads them again (and loads the
-// agent's session again), a late answer is told the question ended.
-func (d *Daemon) forgetIdleSessions() {
-	if d.forget(d.now().Add(-d.cfg.SessionIdleTTL), 0) > 0 {
-		// Give what they held back to the kernel now (at most once a
-		// sweep): the Go runtime would keep it for minutes.
-		debug.FreeOSMemory()
-	}
-	d.sweep.Reset(min(d.cfg.SessionIdleTTL/2, time.Minute))
-}
-
-// trimSessions forgets, in the background, the least recently used
-// sessions past MaxIdleSessions once they exceed it by a quarter (so a
-// trim runs once per so many new sessions, not on every turn).
+// trimSessions tells the bound how many sessions there are (idle.Bound.Trim).
 func (d *Daemon) trimSessions() {
 	d.mu.Lock()
 	n := len(d.sessions)
 	d.mu.Unlock()
-	if n <= d.cfg.MaxIdleSessions+d.cfg.MaxIdleSessions/4 || !d.trimming.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer d.trimming.Store(false)
-		d.forget(time.Time{}, n-d.cfg.MaxIdleSessions)
-	}()
+	d.idle.Trim(n)
 }
 
 // forget drops from memory the sessions used before cutoff and, when
 // extra > 0, that many more of the least recently used: only those no
 // turn is in or paused on, every run ended and detached. It returns how
-// many it dropped.
+// many it dropped. Their files stay; a later turn reads them again (and
+// loads the agent's session again), a late answer is told the question
+// ended. idle.Bound calls it: a sweep of the sessions idle for
+// SessionIdleTTL, a trim past MaxIdleSessions.
 func (d *Daemon) forget(cutoff time.Time, extra int) int {
 	d.mu.Lock()
 	if d.closed {
