@@ -28,7 +28,7 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/h2coalesce"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/procstat"
 )
 
@@ -377,7 +377,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	h2c.SetUnencryptedHTTP2(true)
 	// The same transport as the gateway's daemon client, so the daemon-alone
 	// reference is not slowed by a second write per call.
-	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: h2coalesce.Dialer(&net.Dialer{})}, "Bearer " + internd.GatewayCredential(secret)}
+	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: h2coalesce.Dialer(&net.Dialer{})}, "Bearer " + launch.GatewayCredential(secret)}
 	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
 	hclient := &http.Client{Transport: tr}
 	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"

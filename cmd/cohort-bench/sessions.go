@@ -19,7 +19,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/procstat"
 )
 
@@ -87,7 +87,7 @@ func benchSessions(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: bearer{rt: &http.Transport{Protocols: &protos}, header: "Bearer " + internd.GatewayCredential(secret)}}
+	hc := &http.Client{Transport: bearer{rt: &http.Transport{Protocols: &protos}, header: "Bearer " + launch.GatewayCredential(secret)}}
 	client := interndv1connect.NewInternDaemonServiceClient(hc, base)
 	turn := func(session string) error {
 		st, err := client.StartTurn(ctx, connect.NewRequest(&pb.StartTurnRequest{SessionId: session, Prompt: "hello",

@@ -19,7 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/interncmd"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/vault"
@@ -70,9 +70,9 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 			return err
 		}
 		jc.ProxyCA = ca.CertPEM()
-		gw := cohortv1connect.NewInternGatewayServiceClient(&http.Client{Timeout: 30 * time.Second, Transport: bearer{internd.DaemonCredential(o.Secret)}},
+		gw := cohortv1connect.NewInternGatewayServiceClient(&http.Client{Timeout: 30 * time.Second, Transport: bearer{launch.DaemonCredential(o.Secret)}},
 			strings.TrimSuffix(o.GatewayURL, "/"))
-		relay.SetSecrets(vault.RemoteProxyDoor{Gateway: gw, InternID: o.InternID, CA: ca})
+		relay.SetSecrets(vault.RemoteProxyDoor{Gateway: gw, InternID: o.Daemon.InternID, CA: ca})
 	}
 	if key != "" {
 		jc.ModelKeyPlaceholder = agents.KeyPlaceholder
@@ -80,7 +80,7 @@ func runJailedDaemon(ctx context.Context, o interncmd.Jailed, stdout, stderr io.
 	if err := jc.Check(); err != nil {
 		return err
 	}
-	dj := localjail.DaemonJail{InternID: o.InternID, Model: o.Model, HostDir: dir, Self: []string{self}, DaemonArgs: o.Args, JailConfig: jc}
+	dj := localjail.DaemonJail{Daemon: o.Daemon, HostDir: dir, Self: []string{self}, JailConfig: jc}
 	if err := jail.Probe(dj.Spec()); err != nil {
 		return fmt.Errorf("this machine cannot make the jail: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/federation"
@@ -102,7 +103,7 @@ var limitFlags = interncmd.LimitFlags
 // agentFlags are the catalog of agents interns may name: serve's, and the
 // admin CLI's, which validates an intern's agent as serve does.
 func agentFlags(fs *flag.FlagSet, c *config.Agents) {
-	config.StringVar(fs, &c.Modules, "agent-modules", c.Modules, "node_modules directory of the third-party agents interns may run (npm install --no-save in agents/; docs/agents.md): "+strings.Join(interncmd.KnownAgents(), ", "))
+	config.StringVar(fs, &c.Modules, "agent-modules", c.Modules, "node_modules directory of the third-party agents interns may run (npm install --no-save in agents/; docs/agents.md): "+strings.Join(agents.KnownNames(), ", "))
 	config.RepeatedVar(fs, &c.Custom, "agent", "a custom ACP agent interns may run, name=command")
 	config.RepeatedVar(fs, &c.Endpoints, "agent-endpoint", "name=URL: the model API a known agent's requests go to instead of its provider's")
 	config.RepeatedVar(fs, &c.AuthMethods, "agent-auth-method", "name=method: the ACP authentication method an agent is authenticated with before any session, when it advertises it")

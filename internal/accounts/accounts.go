@@ -180,7 +180,7 @@ func (s *Service) CreateUser(ctx context.Context, p *auth.Principal, req *cohort
 		m := store.Membership{OrganizationID: orgID, UserID: u.ID, Role: role, JoinedAt: now}
 		if _, err := tx.NewInsert().Model(&m).Exec(ctx); err != nil {
 			if store.IsUniqueViolation(err) {
-				return apierr.Conflict("conflict", "%s is already a member of this organization", email)
+				return apierr.Conflict(apierr.ReasonConflict, "%s is already a member of this organization", email)
 			}
 			return err
 		}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/cohort-dev/cohort/internal/idle"
 )
 
 // Defaults for Config fields left zero.
@@ -159,8 +161,7 @@ type Agent struct {
 	sessions map[acp.SessionId]*session
 	// mcpSpecs are the tool lists of the MCP servers seen (mcp.go).
 	mcpSpecs map[string][]ToolSpec
-	sweep    sync.Once // starts forgetIdle
-	trimming atomic.Bool
+	idle     *idle.Bound // forgets sessions idle past SessionIdleTTL, or past MaxSessions
 }
 
 var _ acp.Agent = (*Agent)(nil)
@@ -169,7 +170,7 @@ var _ acp.AgentLoader = (*Agent)(nil)
 // New returns an agent; connect it before use.
 func New(cfg Config) *Agent {
 	cfg.defaults()
-	return &Agent{
+	a := &Agent{
 		cfg: cfg,
 		remote: NewOpenAIModel(OpenAIConfig{
 			BaseURL: cfg.BaseURL, APIKey: cfg.APIKey, IdleTimeout: cfg.IdleTimeout,
@@ -178,6 +179,8 @@ func New(cfg Config) *Agent {
 		sessions: map[acp.SessionId]*session{},
 		ready:    make(chan struct{}),
 	}
+	a.idle = &idle.Bound{TTL: cfg.SessionIdleTTL, Max: cfg.MaxSessions, Forget: a.forget}
+	return a
 }
 
 // SetConnection attaches the connection the agent sends updates and requests on.
@@ -514,42 +517,27 @@ func (a *Agent) startForgetting() {
 	if a.cfg.StateDir == "" {
 		return
 	}
-	a.sweep.Do(func() {
-		every := min(a.cfg.SessionIdleTTL/2, time.Minute)
-		var t *time.Timer
-		t = time.AfterFunc(every, func() {
-			a.forgetIdle()
-			t.Reset(every)
-		})
-	})
+	a.idle.Sweep()
 }
 
-// trim forgets, in the background, the least recently prompted sessions
-// past MaxSessions once they exceed it by a quarter (with a state
-// directory only: their files bring them back).
+// trim tells the bound how many sessions there are (idle.Bound.Trim), with
+// a state directory only: their files bring them back.
 func (a *Agent) trim() {
+	if a.cfg.StateDir == "" {
+		return
+	}
 	a.mu.Lock()
 	n := len(a.sessions)
 	a.mu.Unlock()
-	if a.cfg.StateDir == "" || n <= a.cfg.MaxSessions+a.cfg.MaxSessions/4 || !a.trimming.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer a.trimming.Store(false)
-		a.forget(time.Time{}, n-a.cfg.MaxSessions)
-	}()
-}
-
-// forgetIdle drops from memory the sessions without a prompt for
-// SessionIdleTTL, and closes their MCP connections; their files stay.
-func (a *Agent) forgetIdle() {
-	a.forget(time.Now().Add(-a.cfg.SessionIdleTTL), 0)
+	a.idle.Trim(n)
 }
 
 // forget drops the sessions without a prompt since cutoff and, when
 // extra > 0, that many more of the least recently prompted (none with a
-// prompt running).
-func (a *Agent) forget(cutoff time.Time, extra int) {
+// prompt running), and closes their MCP connections; their files stay.
+// idle.Bound calls it: a sweep of the sessions idle for SessionIdleTTL, a
+// trim past MaxSessions. It returns how many it dropped.
+func (a *Agent) forget(cutoff time.Time, extra int) int {
 	a.mu.Lock()
 	idle := make([]*session, 0, len(a.sessions))
 	for _, s := range a.sessions {
@@ -597,6 +585,7 @@ func (a *Agent) forget(cutoff time.Time, extra int) {
 		// sweep): the Go runtime would keep it for minutes.
 		debug.FreeOSMemory()
 	}
+	return forgotten
 }
 
 // closeMCP closes the connections behind tools (several tools share one).

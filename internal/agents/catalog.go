@@ -149,7 +149,7 @@ func ParseEndpoints(entries []string) (map[string]string, error) {
 	for _, e := range entries {
 		name, raw, ok := strings.Cut(e, "=")
 		if _, known := Lookup(name); !ok || !known {
-			return nil, fmt.Errorf("agent endpoint %q: want name=URL with a known agent (%s)", e, strings.Join(knownNames(), ", "))
+			return nil, fmt.Errorf("agent endpoint %q: want name=URL with a known agent (%s)", e, strings.Join(KnownNames(), ", "))
 		}
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -160,7 +160,8 @@ func ParseEndpoints(entries []string) (map[string]string, error) {
 	return out, nil
 }
 
-func knownNames() []string {
+// KnownNames names the known third-party agents: what --agent accepts.
+func KnownNames() []string {
 	var out []string
 	for _, p := range All() {
 		out = append(out, p.Name)

@@ -24,7 +24,7 @@ import (
 // Error is a failure that a client may see.
 type Error struct {
 	Status  int    // HTTP status on the REST door
-	Reason  string // the spec's reason, or "" where the spec's body has none
+	Reason  Reason // the spec's reason, or "" where the spec's body has none
 	Message string // safe for clients: never a secret, never an internal detail
 	Cause   error  // logged, never shown
 	// RetryAfter, when positive, is sent as Retry-After (seconds) on both
@@ -43,6 +43,43 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Cause }
+
+// Reason is the machine-readable reason of an error: the REST body's
+// error.metadata.reason, Connect's ErrorDetail.reason, a stream's error
+// chunk's. Code names a reason by its constant and compares constants;
+// on the wire it is the string (ADR 0953).
+type Reason string
+
+// The reasons. The spec's (api-v1.md, "Errors") first, then Cohort's own.
+const (
+	ReasonAttachmentFailed      Reason = "attachment_failed"
+	ReasonBadRequest            Reason = "bad_request"
+	ReasonBusy                  Reason = "busy"
+	ReasonClientClosedRequest   Reason = "client_closed_request"
+	ReasonInteractionNotPending Reason = "interaction_not_pending"
+	ReasonInteractionUnknown    Reason = "interaction_unknown"
+	ReasonInternNotReady        Reason = "intern_not_ready"
+	ReasonInternRejected        Reason = "intern_rejected"
+	ReasonInternUnreachable     Reason = "intern_unreachable"
+	ReasonNotFound              Reason = "not_found"
+	ReasonPayloadTooLarge       Reason = "payload_too_large"
+	ReasonRateLimited           Reason = "rate_limited"
+	ReasonRunEnded              Reason = "run_ended"
+	ReasonStreamSevered         Reason = "stream_severed"
+	ReasonTimeout               Reason = "timeout"
+	ReasonTurnFailed            Reason = "turn_failed"
+
+	ReasonConflict            Reason = "conflict"
+	ReasonForbidden           Reason = "forbidden"
+	ReasonHostNotAllowed      Reason = "host_not_allowed"
+	ReasonInternal            Reason = "internal"
+	ReasonMethodNotAllowed    Reason = "method_not_allowed"
+	ReasonRegionalHost        Reason = "regional_host"
+	ReasonSecretUnbound       Reason = "secret_unbound"
+	ReasonTooManyEndpoints    Reason = "too_many_endpoints"
+	ReasonUnavailable         Reason = "unavailable"
+	ReasonVaultWritesDisabled Reason = "vault_writes_disabled"
+)
 
 // Retry-After values (seconds) of refusals whose end is not known in
 // advance (ADR 0020).
@@ -69,7 +106,7 @@ func (e *Error) Retry(seconds int) *Error {
 }
 
 // New returns an error with a status, reason and client-safe message.
-func New(status int, reason, format string, args ...any) *Error {
+func New(status int, reason Reason, format string, args ...any) *Error {
 	return &Error{Status: status, Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
@@ -82,7 +119,7 @@ func (e *Error) WithCause(cause error) *Error {
 
 // BadRequest is a 400 with reason bad_request and a message naming the problem.
 func BadRequest(format string, args ...any) *Error {
-	return New(http.StatusBadRequest, "bad_request", format, args...)
+	return New(http.StatusBadRequest, ReasonBadRequest, format, args...)
 }
 
 // Unauthenticated is the 401 for a missing or invalid credential.
@@ -97,11 +134,11 @@ func Forbidden(format string, args ...any) *Error {
 
 // NotFound is a 404 with reason not_found.
 func NotFound(format string, args ...any) *Error {
-	return New(http.StatusNotFound, "not_found", format, args...)
+	return New(http.StatusNotFound, ReasonNotFound, format, args...)
 }
 
 // Conflict is a 409 with the given reason.
-func Conflict(reason, format string, args ...any) *Error {
+func Conflict(reason Reason, format string, args ...any) *Error {
 	return New(http.StatusConflict, reason, format, args...)
 }
 
@@ -116,12 +153,9 @@ func Internal(cause error) *Error {
 			return e
 		}
 	}
-	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error", Cause: cause,
+	return &Error{Status: http.StatusInternalServerError, Reason: ReasonInternal, Message: "internal error", Cause: cause,
 		Bug: IsBug(cause)}
 }
-
-// ReasonUnavailable is the reason of Unavailable.
-const ReasonUnavailable = "unavailable"
 
 // Unavailable is the 503 of a request that failed because the database
 // could not be reached or was restarting: the client may retry (after
@@ -144,7 +178,7 @@ func RegisterClassifier(f func(error) *Error) { classify.Store(&f) }
 // internal, "internal error"); LogFault logs it as a bug (bug=true), not as
 // an outage. The format may wrap an error with %w.
 func Bug(format string, args ...any) *Error {
-	return &Error{Status: http.StatusInternalServerError, Reason: "internal", Message: "internal error",
+	return &Error{Status: http.StatusInternalServerError, Reason: ReasonInternal, Message: "internal error",
 		Cause: fmt.Errorf("bug: "+format, args...), Bug: true}
 }
 
@@ -167,7 +201,7 @@ func LogFault(ctx context.Context, log *slog.Logger, e *Error, attrs ...slog.Att
 		return
 	}
 	msg := "request failed"
-	attrs = append(attrs, slog.Int("status", e.Status), slog.String("reason", e.Reason), slog.Any("err", e.Cause))
+	attrs = append(attrs, slog.Int("status", e.Status), slog.String("reason", string(e.Reason)), slog.Any("err", e.Cause))
 	if e.Bug {
 		msg = "request failed: bug"
 		attrs = append(attrs, slog.Bool("bug", true))
@@ -189,7 +223,7 @@ func From(err error) *Error {
 }
 
 // Is reports whether err is an *Error with the given status and reason.
-func Is(err error, status int, reason string) bool {
+func Is(err error, status int, reason Reason) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Status == status && e.Reason == reason
 }

@@ -52,7 +52,7 @@ func ToConnect(err error) error {
 	}
 	e := From(err)
 	out := connect.NewError(codeFor(e.Status), errors.New(e.Message))
-	if d, derr := connect.NewErrorDetail(&cohortv1.ErrorDetail{Reason: e.Reason, HttpStatus: int32(e.Status)}); derr == nil {
+	if d, derr := connect.NewErrorDetail(&cohortv1.ErrorDetail{Reason: string(e.Reason), HttpStatus: int32(e.Status)}); derr == nil {
 		out.AddDetail(d)
 	}
 	if e.RetryAfter > 0 {
@@ -75,7 +75,7 @@ func FromConnect(err error) *Error {
 			continue
 		}
 		if det, ok := v.(*cohortv1.ErrorDetail); ok {
-			return &Error{Status: int(det.GetHttpStatus()), Reason: det.GetReason(), Message: ce.Message(), Cause: err,
+			return &Error{Status: int(det.GetHttpStatus()), Reason: Reason(det.GetReason()), Message: ce.Message(), Cause: err,
 				RetryAfter: retryAfter(ce)}
 		}
 	}

@@ -53,7 +53,7 @@ func (p *Principal) Reach(s Scope) error {
 // AccessTokenRefused is the 403 of a route that does not take federation
 // access tokens (anything but inference).
 func AccessTokenRefused() error {
-	return apierr.New(http.StatusForbidden, "forbidden",
+	return apierr.New(http.StatusForbidden, apierr.ReasonForbidden,
 		"federation access tokens carry the inference scope only (the intern chat): use an API key")
 }
 

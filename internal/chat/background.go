@@ -161,7 +161,7 @@ func (s *Service) Reattach(ctx context.Context, in *store.Intern, at Resume) (*S
 		return nil, daemonError(err)
 	}
 	if ev == nil {
-		return nil, apierr.New(http.StatusBadGateway, "stream_severed", "the intern's stream ended before it sent an event")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the intern's stream ended before it sent an event")
 	}
 	st.translate(ev)
 	ok = true

@@ -165,7 +165,7 @@ func (s *Service) Admit(p *auth.Principal) error {
 		err = ErrDeparted
 	}
 	if err != nil && s.Observer != nil {
-		s.Observer.Refused(apierr.From(err).Reason)
+		s.Observer.Refused(string(apierr.From(err).Reason))
 	}
 	return err
 }
@@ -211,7 +211,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		began := s.now()
 		defer func() {
 			if err != nil {
-				reason := apierr.From(err).Reason
+				reason := string(apierr.From(err).Reason)
 				s.Observer.Refused(reason)
 				outcome := "refused"
 				switch {
@@ -246,7 +246,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	waker, _ := s.Daemons.(Waker)
 	wake := waker != nil && (in.State == store.InternSleeping || in.State == store.InternProvisioning)
 	if in.State != store.InternRunning && !wake {
-		return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
+		return nil, apierr.Conflict(apierr.ReasonInternNotReady, "intern is %s, not running", in.State)
 	}
 	if t.answer == nil && s.Limiter != nil {
 		ok, retry, err := s.Limiter.Allow(ctx, RateKey(p))
@@ -259,7 +259,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 			ok = true
 		}
 		if !ok {
-			e := apierr.New(http.StatusTooManyRequests, "rate_limited", "too many turns; retry later")
+			e := apierr.New(http.StatusTooManyRequests, apierr.ReasonRateLimited, "too many turns; retry later")
 			e.RetryAfter = max(1, int(math.Ceil(retry.Seconds())))
 			return nil, e
 		}
@@ -273,7 +273,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 			return nil, err
 		}
 		if in.State != store.InternRunning {
-			return nil, apierr.Conflict("intern_not_ready", "intern is %s, not running", in.State)
+			return nil, apierr.Conflict(apierr.ReasonInternNotReady, "intern is %s, not running", in.State)
 		}
 	}
 
@@ -334,7 +334,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		return nil, st.refusal(err)
 	}
 	if ev == nil {
-		return nil, apierr.New(http.StatusBadGateway, "stream_severed", "the intern's stream ended before the turn started")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the intern's stream ended before the turn started")
 	}
 	// A run that fails before any output is a refusal: the caller still gets
 	// a plain JSON error with the status the daemon gave.
@@ -356,7 +356,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 			return nil, st.refusal(err)
 		}
 		if ev == nil {
-			return nil, apierr.New(http.StatusBadGateway, "stream_severed", "the intern's stream ended before the turn started")
+			return nil, apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the intern's stream ended before the turn started")
 		}
 		st.translate(ev)
 	}
@@ -391,14 +391,14 @@ func receiver[T any, PT interface {
 }
 
 var (
-	errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
-	errRejected    = apierr.New(http.StatusBadGateway, "intern_rejected", "the intern rejected the request")
-	errTimeout     = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern did not answer within the request budget")
-	errSilent      = apierr.New(http.StatusGatewayTimeout, "timeout", "the intern sent nothing for longer than the stream allows")
-	errTurnTimeout = apierr.New(http.StatusGatewayTimeout, "timeout", "the turn ran longer than the turn deadline allows; it was cancelled")
-	errSevered     = apierr.New(http.StatusBadGateway, "stream_severed", "the connection to the intern broke before the run ended")
+	errUnreachable = apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached")
+	errRejected    = apierr.New(http.StatusBadGateway, apierr.ReasonInternRejected, "the intern rejected the request")
+	errTimeout     = apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the intern did not answer within the request budget")
+	errSilent      = apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the intern sent nothing for longer than the stream allows")
+	errTurnTimeout = apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the turn ran longer than the turn deadline allows; it was cancelled")
+	errSevered     = apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the connection to the intern broke before the run ended")
 	// errClientClosed is what a caller who hung up is logged with (499).
-	errClientClosed = apierr.New(499, "client_closed_request", "the caller closed the request")
+	errClientClosed = apierr.New(499, apierr.ReasonClientClosedRequest, "the caller closed the request")
 )
 
 // daemonError maps a failure of a daemon call to the caller's error. A
@@ -444,9 +444,9 @@ func retryable(e *apierr.Error) *apierr.Error {
 		return e
 	}
 	switch {
-	case e.Status == http.StatusServiceUnavailable && e.Reason == "busy":
+	case e.Status == http.StatusServiceUnavailable && e.Reason == apierr.ReasonBusy:
 		return e.Retry(apierr.RetryPaused)
-	case e.Status == http.StatusConflict && e.Reason == "busy":
+	case e.Status == http.StatusConflict && e.Reason == apierr.ReasonBusy:
 		return e.Retry(apierr.RetryBusySession)
 	case e.Status == http.StatusTooManyRequests:
 		return e.Retry(1)
@@ -456,11 +456,11 @@ func retryable(e *apierr.Error) *apierr.Error {
 
 // finishedError is the error a Finished{ERROR|ENDED} event stands for.
 func finishedError(f *interndv1.Finished) *apierr.Error {
-	code, reason, msg := int(f.GetCode()), f.GetErrorReason(), f.GetMessage()
+	code, reason, msg := int(f.GetCode()), apierr.Reason(f.GetErrorReason()), f.GetMessage()
 	if f.GetReason() == interndv1.Finished_REASON_ENDED {
 		// The daemon's protocol: an ended run is always reported as
 		// run_ended 410, whatever the daemon put in code and reason.
-		code, reason = http.StatusGone, "run_ended"
+		code, reason = http.StatusGone, apierr.ReasonRunEnded
 		if msg == "" {
 			msg = "the intern ended the run"
 		}
@@ -469,7 +469,7 @@ func finishedError(f *interndv1.Finished) *apierr.Error {
 		code = http.StatusBadGateway
 	}
 	if reason == "" {
-		reason = "turn_failed"
+		reason = apierr.ReasonTurnFailed
 	}
 	if msg == "" {
 		msg = "the intern's turn failed"

@@ -71,7 +71,7 @@ func TestConnectDoor(t *testing.T) {
 			sc     script
 			code   connect.Code
 			status int
-			reason string
+			reason apierr.Reason
 		}{
 			{"no key", "", &cohortv1.StreamChatCompletionRequest{InternId: e.InternID}, nil, connect.CodeUnauthenticated, 0, ""},
 			{"bad request", e.WorkspaceKey, &cohortv1.StreamChatCompletionRequest{InternId: e.InternID}, nil, connect.CodeInvalidArgument, 400, "bad_request"},

@@ -189,7 +189,7 @@ func events(ret error, evs ...*interndv1.RunEvent) script {
 
 // refuse is a daemon error as the daemon sends it: a Connect error with a
 // cohort.v1.ErrorDetail.
-func refuse(status int, reason string) error {
+func refuse(status int, reason apierr.Reason) error {
 	return apierr.ToConnect(apierr.New(status, reason, "daemon says %s", reason))
 }
 

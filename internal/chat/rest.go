@@ -48,7 +48,7 @@ func (h REST) Lookup(ctx context.Context, r *http.Request, a *auth.Authenticator
 func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	p := auth.From(ctx)
-	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
+	body, err := rest.ReadBody(w, r, MaxBody, apierr.ReasonPayloadTooLarge)
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return

@@ -106,9 +106,9 @@ func (s *Stream) stopTimers() {
 }
 
 // record tells the Observer how the run ended, the first time only.
-func (s *Stream) record(outcome, reason string) {
+func (s *Stream) record(outcome string, reason apierr.Reason) {
 	if s.recorded.CompareAndSwap(false, true) && s.svc.Observer != nil {
-		s.svc.Observer.Finished(outcome, reason)
+		s.svc.Observer.Finished(outcome, string(reason))
 	}
 }
 
@@ -290,7 +290,7 @@ func (s *Stream) final(model string, usage *cohortv1.ChatUsage) {
 func (s *Stream) fail(e *apierr.Error, model string) {
 	s.finish(model, "error")
 	last := s.queue[len(s.queue)-1]
-	last.Error = &cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: e.Reason}
+	last.Error = &cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: string(e.Reason)}
 	s.final(model, s.usage)
 }
 
@@ -331,7 +331,7 @@ func (s *Stream) translate(ev *interndv1.RunEvent) {
 		if outcome == "" {
 			outcome = "error"
 		}
-		s.record(outcome, f.GetErrorReason())
+		s.record(outcome, apierr.Reason(f.GetErrorReason()))
 		switch f.GetReason() {
 		case interndv1.Finished_REASON_STOP:
 			s.finish(model, "stop")

@@ -95,6 +95,26 @@ func EnvBool(name string, def bool) bool {
 	return def
 }
 
+// EnvInt is Env for a whole number; an unparsable value is def.
+func EnvInt(name string, def int) int {
+	if v, ok := os.LookupEnv(name); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+// EnvDuration is Env for a duration (5m); an unparsable value is def.
+func EnvDuration(name string, def time.Duration) time.Duration {
+	if v, ok := os.LookupEnv(name); ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
 // SplitList splits a comma-separated flag value, dropping empty entries.
 func SplitList(s string) []string { return splitOn(s, ",") }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testutil"
@@ -757,7 +758,7 @@ func TestEscapeReplayGatewayCredential(t *testing.T) {
 			t.Errorf("the gateway's credential, replayed to ReleaseSecret: %d %s", status, body)
 		}
 	}
-	if status, body := release("Bearer " + internd.DaemonCredential(secret)); status != 200 || !strings.Contains(body, value) {
+	if status, body := release("Bearer " + launch.DaemonCredential(secret)); status != 200 || !strings.Contains(body, value) {
 		t.Errorf("the daemon's own credential: %d %s", status, body)
 	}
 	if strings.Contains(gw.stderr.String(), secret) || strings.Contains(gw.stderr.String(), value) {

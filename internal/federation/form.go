@@ -26,16 +26,16 @@ const MaxTokenBody = 32<<10 - 1
 // status and Retry-After. Anything else (an outage, a bug) is answered 500
 // server_error and logged.
 const (
-	ReasonInvalidRequest         = "invalid_request"
-	ReasonInvalidGrant           = "invalid_grant"
-	ReasonUnsupportedGrantType   = "unsupported_grant_type"
-	ReasonInvalidScope           = "invalid_scope"
-	ReasonTemporarilyUnavailable = "temporarily_unavailable"
-	ReasonServerError            = "server_error"
+	ReasonInvalidRequest         apierr.Reason = "invalid_request"
+	ReasonInvalidGrant           apierr.Reason = "invalid_grant"
+	ReasonUnsupportedGrantType   apierr.Reason = "unsupported_grant_type"
+	ReasonInvalidScope           apierr.Reason = "invalid_scope"
+	ReasonTemporarilyUnavailable apierr.Reason = "temporarily_unavailable"
+	ReasonServerError            apierr.Reason = "server_error"
 )
 
 // oauthReasons are the reasons the token endpoint writes as they are.
-var oauthReasons = map[string]bool{ReasonInvalidRequest: true, ReasonInvalidGrant: true,
+var oauthReasons = map[apierr.Reason]bool{ReasonInvalidRequest: true, ReasonInvalidGrant: true,
 	ReasonUnsupportedGrantType: true, ReasonInvalidScope: true, ReasonTemporarilyUnavailable: true}
 
 func invalidRequest(format string, args ...any) *apierr.Error {

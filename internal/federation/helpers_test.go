@@ -30,6 +30,7 @@ import (
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/keys"
@@ -327,9 +328,9 @@ func oauthErr(t testing.TB, a answer) string {
 
 // expectError checks an OAuth error answer: status, code, and the no-store
 // headers every answer carries.
-func expectError(t testing.TB, a answer, status int, code string) {
+func expectError(t testing.TB, a answer, status int, code apierr.Reason) {
 	t.Helper()
-	if a.status != status || oauthErr(t, a) != code {
+	if a.status != status || oauthErr(t, a) != string(code) {
 		t.Fatalf("got %d %s, want %d %s", a.status, a.body, status, code)
 	}
 	noStore(t, a)

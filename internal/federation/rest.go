@@ -44,7 +44,7 @@ func writeOAuth(w http.ResponseWriter, r *http.Request, err error) {
 	body, _ := json.Marshal(struct {
 		Error       string `json:"error"`
 		Description string `json:"error_description"`
-	}{e.Reason, e.Message})
+	}{string(e.Reason), e.Message})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	w.Write(append(body, '\n'))

@@ -159,7 +159,7 @@ func (s *Service) CreateIssuer(ctx context.Context, p *auth.Principal, req *coho
 	}
 	if _, err := s.DB.NewInsert().Model(i).Exec(ctx); err != nil {
 		if store.IsUniqueViolation(err) {
-			return nil, apierr.Conflict("conflict", "an issuer with issuer_url %q already exists in this organization", i.IssuerURL)
+			return nil, apierr.Conflict(apierr.ReasonConflict, "an issuer with issuer_url %q already exists in this organization", i.IssuerURL)
 		}
 		return nil, apierr.Internal(err)
 	}
@@ -250,7 +250,7 @@ func (s *Service) UpdateIssuer(ctx context.Context, p *auth.Principal, req *coho
 		Where("id = ? AND organization_id = ?", i.ID, p.OrganizationID).Exec(ctx)
 	if err != nil {
 		if store.IsUniqueViolation(err) {
-			return nil, apierr.Conflict("conflict", "an issuer with issuer_url %q already exists in this organization", i.IssuerURL)
+			return nil, apierr.Conflict(apierr.ReasonConflict, "an issuer with issuer_url %q already exists in this organization", i.IssuerURL)
 		}
 		return nil, apierr.Internal(err)
 	}

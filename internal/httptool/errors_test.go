@@ -71,7 +71,7 @@ func TestErrorsAreAPIErrorReasons(t *testing.T) {
 		args    httptool.Args
 		release httptool.Releaser
 		status  int
-		reason  string
+		reason  apierr.Reason
 		message string
 	}{
 		{"method", local(0), ctx, httptool.Args{Method: "TRACE", URL: at("/")}, nil, 400, "bad_request", `method "TRACE" is not supported`},

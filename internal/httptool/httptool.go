@@ -115,18 +115,18 @@ func notReleased(name, host string, err error) error {
 // message says why, with every released value redacted. broke is a
 // response that broke off after it began.
 func failed(what string, err error, redact func(string) string, broke bool) error {
-	status, reason := http.StatusBadGateway, ""
+	status, reason := http.StatusBadGateway, apierr.Reason("")
 	if broke {
-		reason = "stream_severed"
+		reason = apierr.ReasonStreamSevered
 	}
 	var ne net.Error
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
-		status, reason = http.StatusGatewayTimeout, "timeout"
+		status, reason = http.StatusGatewayTimeout, apierr.ReasonTimeout
 	case errors.Is(err, context.Canceled):
-		status, reason = 499, "client_closed_request"
+		status, reason = 499, apierr.ReasonClientClosedRequest
 	case errors.Is(err, safehttp.ErrRefusedAddress):
-		status, reason = http.StatusForbidden, "forbidden"
+		status, reason = http.StatusForbidden, apierr.ReasonForbidden
 	}
 	return apierr.New(status, reason, "%s: %s", what, redact(cleanErr(err)))
 }
@@ -340,7 +340,7 @@ func check(a *Args) (string, *url.URL, error) {
 		}
 	}
 	if a.Body != nil && len(*a.Body) > MaxReqBody {
-		return "", nil, apierr.New(http.StatusRequestEntityTooLarge, "payload_too_large", "the body is longer than %d bytes", MaxReqBody)
+		return "", nil, apierr.New(http.StatusRequestEntityTooLarge, apierr.ReasonPayloadTooLarge, "the body is longer than %d bytes", MaxReqBody)
 	}
 	return method, u, nil
 }

@@ -160,7 +160,7 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 		for _, c := range []struct {
 			url, want string
 			status    int
-			reason    string
+			reason    apierr.Reason
 		}{
 			{up.url("example.com", "/echo"), `secret "api_key" was not released for host "example.com"`, 403, "host_not_allowed"},
 			{up.url("www.api.example.com", "/echo"), `not bound to host "www.api.example.com"`, 403, "host_not_allowed"},
@@ -188,7 +188,7 @@ func TestSecretReachesOnlyItsHostAndNeverComesBack(t *testing.T) {
 		for _, c := range []struct {
 			name, want string
 			status     int
-			reason     string
+			reason     apierr.Reason
 		}{{"nope", "no secret \"nope\"", 404, "not_found"}, {"legacy", "bound to no host", 403, "secret_unbound"}, {"Bad Name", "name", 400, "bad_request"}} {
 			_, err := tool.Do(ctx, &httptool.Args{URL: up.url("api.example.com", "/echo"), Body: ptr("{{secret:" + c.name + "}}")}, rel)
 			if err == nil || !strings.Contains(err.Error(), c.want) {

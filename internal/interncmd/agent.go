@@ -26,7 +26,7 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	fs.StringVar(&cfg.WorkDir, "workdir", config.Env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
 	fs.StringVar(&cfg.StateDir, "state-dir", config.Env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
 	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", agent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
-	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", EnvDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
+	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", config.EnvDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
 	fs.IntVar(&cfg.MaxRetries, "model-retries", agent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
 	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
 	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/telemetry"
@@ -29,12 +29,15 @@ import (
 // Jailed is what `cohort intern --jail` runs: the daemon's settings, to
 // start it in a jail of its own.
 type Jailed struct {
-	Listen, DataDir, InternID, Model, Secret, GatewayURL string
+	// Listen, DataDir and GatewayURL are the host's: where the jail's
+	// listener is, the directory it gets, the gateway its relay reaches.
+	Listen, DataDir, Secret, GatewayURL string
 	// ReadOnly are host paths bound read-only into the jail; Hide, host
 	// paths the jail must not see.
 	ReadOnly, Hide []string
-	// Args are the daemon's flags inside the jail.
-	Args   []string
+	// Daemon is the daemon's launch inside the jail, less what the jail
+	// sets itself (localjail.DaemonJail.Spec).
+	Daemon launch.Daemon
 	Limits config.InternLimits
 }
 
@@ -51,33 +54,12 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 	if err != nil {
 		self = "cohort"
 	}
+	var d launch.Daemon
+	d.Flags(fs)
 	var (
-		listen       = fs.String("listen", config.Env("COHORT_LISTEN", "127.0.0.1:0"), "address for HTTP/1.1 and h2c; loopback by default, port 0 picks one (COHORT_LISTEN)")
-		dataDir      = fs.String("data-dir", config.Env("COHORT_DATA_DIR", "./.cohort-intern"), "the intern's sessions and the agent's working directory (COHORT_DATA_DIR)")
-		internID     = fs.String("intern-id", config.Env("COHORT_INTERN_ID", ""), "the intern's id, for Status and logs (COHORT_INTERN_ID)")
-		secretFile   = fs.String("secret-file", config.Env("COHORT_INTERN_SECRET_FILE", ""), "with --jail, the file holding the daemon secret (unjailed, the agent could read it: set COHORT_INTERN_SECRET instead) (COHORT_INTERN_SECRET_FILE)")
-		agentCommand = fs.String("agent-command", config.Env("COHORT_AGENT_COMMAND", ""), "the ACP agent to run, split on spaces; default: this executable with \"agent\" (COHORT_AGENT_COMMAND)")
-		model        = fs.String("model", config.Env("COHORT_MODEL", ""), "the model configured on the intern, passed to the agent (COHORT_MODEL)")
-		agentName    = fs.String("agent", config.Env("COHORT_AGENT", ""), "a known third-party agent to run instead of --agent-command: "+strings.Join(KnownAgents(), ", ")+" (COHORT_AGENT; docs/agents.md)")
-		agentModules = fs.String("agent-modules", config.Env("COHORT_AGENT_MODULES", ""), "with --agent, the node_modules directory it is installed in (npm install --no-save in agents/) (COHORT_AGENT_MODULES)")
-		agentBaseURL = fs.String("agent-base-url", config.Env("COHORT_AGENT_PROVIDER_URL", ""), "with --agent, the model API base URL it calls; default: its provider's (COHORT_AGENT_PROVIDER_URL)")
-		agentAuth    = fs.String("agent-auth-method", "", "the ACP authentication method to call authenticate with before any session, when the agent advertises it")
-		agentKey     = fs.String("agent-key-placeholder", "", "with --agent, the API key it sends (a jail's relay puts the real one in its place)")
-		deadline     = fs.Duration("interaction-deadline", EnvDuration("COHORT_INTERACTION_DEADLINE", internd.DefaultInteractionDeadline), "how long a question waits before its run is cancelled (COHORT_INTERACTION_DEADLINE)")
-		retain       = fs.Int("retain-events", EnvInt("COHORT_RETAIN_EVENTS", 10000), "events kept per run for replay (COHORT_RETAIN_EVENTS)")
-		retainBytes  = fs.Int("retain-bytes", EnvInt("COHORT_RETAIN_BYTES", 4<<20), "bytes of events kept per run for replay (COHORT_RETAIN_BYTES)")
-		maxPaused    = fs.Int("max-paused-runs", EnvInt("COHORT_MAX_PAUSED_RUNS", 256), "runs held open across a question; past it new turns get 503 busy (COHORT_MAX_PAUSED_RUNS)")
-		sessionTTL   = fs.Duration("session-idle-ttl", EnvDuration("COHORT_SESSION_IDLE_TTL", 11*time.Minute), "a session no run has used this long leaves the daemon's memory; its file brings it back (COHORT_SESSION_IDLE_TTL; keep it below the agent's)")
-		maxPerCaller = fs.Int("max-paused-runs-per-caller", EnvInt("COHORT_MAX_PAUSED_RUNS_PER_CALLER", 32), "of those, the most one caller (a user, or a key) may hold; past it that caller's new turns get 503 busy (COHORT_MAX_PAUSED_RUNS_PER_CALLER)")
-		initTimeout  = fs.Duration("init-timeout", EnvDuration("COHORT_INIT_TIMEOUT", 30*time.Second), "how long the agent may take to answer initialize (COHORT_INIT_TIMEOUT)")
-		logLevel     = fs.String("log-level", config.Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
-		gatewayURL   = fs.String("gateway-url", config.Env("COHORT_GATEWAY_URL", ""), "the gateway's API base (http://host:port/api/v1): the http_request tool asks its vault for secrets with the daemon secret (COHORT_GATEWAY_URL)")
-		toolCAFile   = fs.String("http-tool-ca-file", config.Env("COHORT_HTTP_TOOL_CA_FILE", ""), "PEM certificates the http_request tool trusts besides the system roots (COHORT_HTTP_TOOL_CA_FILE)")
-		toolProxy    = fs.String("http-tool-proxy", config.Env("COHORT_HTTP_TOOL_PROXY", ""), "HTTP proxy the http_request tool sends every request through (a jail's egress relay), http://host:port (COHORT_HTTP_TOOL_PROXY)")
-		listenFD     = fs.Int("listen-fd", -1, "serve on this inherited listening socket instead of --listen (set by the local provisioner)")
-		secretFD     = fs.Int("secret-fd", -1, "read the secret from this inherited descriptor, then close it (set by the local provisioner)")
-		jailFlag     = fs.Bool("jail", config.EnvBool("COHORT_INTERN_JAIL", false), "run the daemon and its agent in a jail of their own, as the local provisioner does: for several daemons on one host (COHORT_INTERN_JAIL)")
-		jailRO       = fs.String("jail-ro-bind", config.Env("COHORT_JAIL_RO_BIND", ""), "with --jail, comma-separated host paths bound read-only into the jail besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
+		secretFile = fs.String("secret-file", config.Env("COHORT_INTERN_SECRET_FILE", ""), "with --jail, the file holding the daemon secret (unjailed, the agent could read it: set COHORT_INTERN_SECRET instead) (COHORT_INTERN_SECRET_FILE)")
+		jailFlag   = fs.Bool("jail", config.EnvBool("COHORT_INTERN_JAIL", false), "run the daemon and its agent in a jail of their own, as the local provisioner does: for several daemons on one host (COHORT_INTERN_JAIL)")
+		jailRO     = fs.String("jail-ro-bind", config.Env("COHORT_JAIL_RO_BIND", ""), "with --jail, comma-separated host paths bound read-only into the jail besides /usr, /bin, /lib and /etc (COHORT_JAIL_RO_BIND)")
 	)
 	limits := config.DefaultInternLimits()
 	checkLimits := LimitFlags(fs, &limits, "with --jail")
@@ -90,7 +72,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	log, err := NewLogger(stderr, *logLevel)
+	log, err := NewLogger(stderr, d.LogLevel)
 	if err != nil {
 		return err
 	}
@@ -105,7 +87,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 	if err := jail.SealInherited(); err != nil {
 		return fmt.Errorf("seal inherited descriptors: %w", err)
 	}
-	if !*jailFlag && *secretFD < 0 && *secretFile != "" {
+	if !*jailFlag && d.SecretFD == 0 && *secretFile != "" {
 		// Unjailed, the agent and its commands run as this user: a file
 		// the daemon can read, they can read, and with it derive the
 		// daemon's credential (ReleaseSecret: vault values).
@@ -114,83 +96,81 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 			"from a source this user cannot read (a root-owned systemd EnvironmentFile, a secret manager; docs/security.md)")
 	}
 	var secret string
-	if *secretFD >= 0 {
-		secret, err = readSecretFD(*secretFD)
+	if d.SecretFD > 0 {
+		secret, err = readSecretFD(d.SecretFD)
 	} else {
 		secret, err = ReadSecret(*secretFile)
 	}
 	if err != nil {
 		return err
 	}
-	roots, err := safehttp.ExtraRootsFromFile(*toolCAFile)
+	roots, err := safehttp.ExtraRootsFromFile(d.HTTPToolCAFile)
 	if err != nil {
 		return err
 	}
 	var proxy *url.URL
-	if *toolProxy != "" {
-		if proxy, err = url.Parse(*toolProxy); err != nil || proxy.Scheme != "http" || proxy.Host == "" {
-			return fmt.Errorf("--http-tool-proxy must be http://host:port, not %q", *toolProxy)
+	if d.HTTPToolProxy != "" {
+		if proxy, err = url.Parse(d.HTTPToolProxy); err != nil || proxy.Scheme != "http" || proxy.Host == "" {
+			return fmt.Errorf("--http-tool-proxy must be http://host:port, not %q", d.HTTPToolProxy)
 		}
 	}
 	if *jailFlag {
 		if jailed == nil {
 			return errors.New("--jail needs the cohort binary (this one runs only inside a jail)")
 		}
-		pass := []string{"--log-level", *logLevel, "--interaction-deadline", deadline.String(),
-			"--retain-events", strconv.Itoa(*retain), "--retain-bytes", strconv.Itoa(*retainBytes),
-			"--max-paused-runs", strconv.Itoa(*maxPaused), "--max-paused-runs-per-caller", strconv.Itoa(*maxPerCaller),
-			"--session-idle-ttl", sessionTTL.String(),
-			"--init-timeout", initTimeout.String()}
-		if *agentCommand != "" {
-			pass = append(pass, "--agent-command", *agentCommand)
-		}
+		// The jail sets where the daemon listens, its directory and its
+		// gateway; it passes on the rest, host paths made absolute.
+		in := launch.Daemon{InternID: d.InternID, Model: d.Model, LogLevel: d.LogLevel,
+			InteractionDeadline: d.InteractionDeadline, RetainEvents: d.RetainEvents, RetainBytes: d.RetainBytes,
+			MaxPausedRuns: d.MaxPausedRuns, MaxPausedPerCaller: d.MaxPausedPerCaller, SessionIdleTTL: d.SessionIdleTTL,
+			InitTimeout: d.InitTimeout, Agent: launch.Agent{Command: d.Agent.Command}}
 		ro := config.SplitList(*jailRO)
-		if *agentName != "" {
-			modules, err := filepath.Abs(*agentModules)
+		if d.Agent.Name != "" {
+			modules, err := filepath.Abs(d.Agent.Modules)
 			if err != nil {
 				return err
 			}
 			ro = append(ro, modules)
-			pass = append(pass, "--agent", *agentName, "--agent-modules", modules, "--agent-key-placeholder", agents.KeyPlaceholder)
+			in.Agent.Name, in.Agent.Modules, in.Agent.KeyPlaceholder = d.Agent.Name, modules, agents.KeyPlaceholder
 		}
-		if *toolCAFile != "" {
-			ca, err := filepath.Abs(*toolCAFile)
+		if d.HTTPToolCAFile != "" {
+			ca, err := filepath.Abs(d.HTTPToolCAFile)
 			if err != nil {
 				return err
 			}
 			ro = append(ro, ca)
-			pass = append(pass, "--http-tool-ca-file", ca)
+			in.HTTPToolCAFile = ca
 		}
-		return jailed(ctx, Jailed{Listen: *listen, DataDir: *dataDir, InternID: *internID, Model: *model,
-			Secret: secret, GatewayURL: *gatewayURL, ReadOnly: ro, Hide: []string{*secretFile}, Args: pass, Limits: limits}, stdout, stderr, log)
+		return jailed(ctx, Jailed{Listen: d.Listen, DataDir: d.DataDir, GatewayURL: d.GatewayURL, Daemon: in,
+			Secret: secret, ReadOnly: ro, Hide: []string{*secretFile}, Limits: limits}, stdout, stderr, log)
 	}
-	argv := strings.Fields(*agentCommand)
+	argv := strings.Fields(d.Agent.Command)
 	if len(argv) == 0 {
 		argv = []string{self, "agent"}
 	}
-	builtIn := *agentName == "" && isBuiltInAgent(argv, self)
+	builtIn := d.Agent.Name == "" && isBuiltInAgent(argv, self)
 	var agentEnv []string
-	if *agentName != "" {
-		if argv, agentEnv, err = installAgent(*agentName, *agentModules, *agentBaseURL, *agentKey, *model, *dataDir); err != nil {
+	if d.Agent.Name != "" {
+		if argv, agentEnv, err = installAgent(d.Agent, d.Model, d.DataDir); err != nil {
 			return err
 		}
 	}
-	d, err := internd.New(internd.Config{InternID: *internID, Secret: secret, DataDir: *dataDir, AgentCommand: argv, AgentEnv: agentEnv, AgentNests: builtIn,
-		AgentKeys: []string{*agentKey, agents.KeyPlaceholder}, AgentAuthMethod: *agentAuth,
-		Model: *model, InteractionDeadline: *deadline, RetainEvents: *retain, RetainBytes: *retainBytes,
-		MaxPausedRuns: *maxPaused, MaxPausedPerCaller: *maxPerCaller, SessionIdleTTL: *sessionTTL, InitTimeout: *initTimeout, Log: log.With("intern", *internID),
-		GatewayURL: *gatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
+	dm, err := internd.New(internd.Config{InternID: d.InternID, Secret: secret, DataDir: d.DataDir, AgentCommand: argv, AgentEnv: agentEnv, AgentNests: builtIn,
+		AgentKeys: []string{d.Agent.KeyPlaceholder, agents.KeyPlaceholder}, AgentAuthMethod: d.Agent.AuthMethod,
+		Model: d.Model, InteractionDeadline: d.InteractionDeadline, RetainEvents: d.RetainEvents, RetainBytes: d.RetainBytes,
+		MaxPausedRuns: d.MaxPausedRuns, MaxPausedPerCaller: d.MaxPausedPerCaller, SessionIdleTTL: d.SessionIdleTTL, InitTimeout: d.InitTimeout, Log: log.With("intern", d.InternID),
+		GatewayURL: d.GatewayURL, HTTPTool: httptool.Options{ExtraRoots: roots, Proxy: proxy}})
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer dm.Close()
 	var ln net.Listener
-	if *listenFD >= 0 {
-		f := os.NewFile(uintptr(*listenFD), "listener")
+	if d.ListenFD > 0 {
+		f := os.NewFile(uintptr(d.ListenFD), "listener")
 		ln, err = net.FileListener(f)
 		f.Close() // the listener holds its own descriptor, closed on exec
 	} else {
-		ln, err = net.Listen("tcp", *listen)
+		ln, err = net.Listen("tcp", d.Listen)
 	}
 	if err != nil {
 		return err
@@ -200,15 +180,15 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 		return err
 	}
 	defer stopTracing()
-	hs := internd.HTTPServer(telemetry.Handler(d.Handler()), log)
+	hs := internd.HTTPServer(telemetry.Handler(dm.Handler()), log)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	// The first line on stdout is the address: a provisioner that passed
 	// port 0 reads it to learn where the daemon listens.
 	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
-	log.Info("intern daemon listening", "addr", ln.Addr().String(), "intern", *internID)
+	log.Info("intern daemon listening", "addr", ln.Addr().String(), "intern", d.InternID)
 	go func() {
-		if err := d.Start(ctx); err != nil {
+		if err := dm.Start(ctx); err != nil {
 			log.Error("agent did not start; the daemon keeps serving and retries on the next turn", "err", err)
 		}
 		// What starting left behind (package initializers, the agent's
@@ -224,7 +204,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d.Close()
+	dm.Close()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
@@ -268,33 +248,14 @@ func readSecretFD(fd int) (string, error) {
 	return s, nil
 }
 
-// EnvInt is Env for a whole number; an unparsable value is def.
-func EnvInt(name string, def int) int {
-	if v, ok := os.LookupEnv(name); ok {
-		if n, err := strconv.Atoi(v); err == nil {
-			return n
-		}
-	}
-	return def
-}
-
-// EnvDuration is Env for a duration (5m); an unparsable value is def.
-func EnvDuration(name string, def time.Duration) time.Duration {
-	if v, ok := os.LookupEnv(name); ok {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return def
-}
-
 // installAgent prepares a known third-party agent in the intern's data
 // directory (its own HOME, its configuration pointing at baseURL) and
 // returns its argv and environment.
-func installAgent(name, modules, baseURL, key, model, dataDir string) ([]string, []string, error) {
+func installAgent(a launch.Agent, model, dataDir string) ([]string, []string, error) {
+	name, modules, baseURL, key := a.Name, a.Modules, a.BaseURL, a.KeyPlaceholder
 	p, ok := agents.Lookup(name)
 	if !ok {
-		return nil, nil, fmt.Errorf("--agent must be one of %s, not %q", strings.Join(KnownAgents(), ", "), name)
+		return nil, nil, fmt.Errorf("--agent must be one of %s, not %q", strings.Join(agents.KnownNames(), ", "), name)
 	}
 	if modules == "" {
 		return nil, nil, fmt.Errorf("--agent %s needs --agent-modules, the node_modules directory it is installed in", name)
@@ -316,15 +277,6 @@ func installAgent(name, modules, baseURL, key, model, dataDir string) ([]string,
 		return nil, nil, fmt.Errorf("prepare agent %s: %w", name, err)
 	}
 	return p.Command(modules), env, nil
-}
-
-// KnownAgents names the third-party agents --agent accepts.
-func KnownAgents() []string {
-	var out []string
-	for _, p := range agents.All() {
-		out = append(out, p.Name)
-	}
-	return out
 }
 
 // isBuiltInAgent reports whether argv runs this binary's own agent (which

@@ -12,6 +12,7 @@ import (
 
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -89,7 +90,7 @@ func BenchmarkPausedRunMemory(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	e.c = newClient(e.srv.URL, internd.GatewayCredential(secret)) // drop the client's idle connections from the count
+	e.c = newClient(e.srv.URL, launch.GatewayCredential(secret)) // drop the client's idle connections from the count
 	e.srv.CloseClientConnections()
 	after := memInUse()
 	if st := e.status(b); int(st.GetPausedRuns()) != b.N {

@@ -29,6 +29,8 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/httptool"
+	"github.com/cohort-dev/cohort/internal/idle"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 )
 
 // Limits of the daemon protocol (the spec's Limits table).
@@ -111,8 +113,8 @@ type Config struct {
 
 // DefaultInteractionDeadline is how long a question waits for its answer
 // when the daemon is given no deadline (serve's --interaction-deadline
-// shows it).
-const DefaultInteractionDeadline = 5 * time.Minute
+// shows it); launch owns it, as the daemon's flag default.
+const DefaultInteractionDeadline = launch.DefaultInteractionDeadline
 
 func (c *Config) defaults() {
 	if c.InteractionDeadline <= 0 {
@@ -171,8 +173,7 @@ type Daemon struct {
 	agentErr string
 	agentID  string // name and version the agent reported
 	sessions map[string]*session
-	sweep    *time.Timer // forgetIdleSessions, every minute
-	trimming atomic.Bool // a trim past MaxIdleSessions is under way
+	idle     *idle.Bound // forgets sessions idle past SessionIdleTTL, or past MaxIdleSessions
 	byACP    map[string]*session
 	closed   bool
 
@@ -240,7 +241,10 @@ func New(cfg Config) (*Daemon, error) {
 	// Sessions are read from disk when a turn needs them, and leave memory
 	// when idle (forget): memory follows the live sessions, not all of
 	// them.
-	d.sweep = time.AfterFunc(min(cfg.SessionIdleTTL/2, time.Minute), d.forgetIdleSessions)
+	// What they held goes back to the kernel after a sweep that forgot
+	// some (at most once a sweep): the Go runtime would keep it for minutes.
+	d.idle = &idle.Bound{TTL: cfg.SessionIdleTTL, Max: cfg.MaxIdleSessions, Now: d.now, Forget: d.forget, Swept: debug.FreeOSMemory}
+	d.idle.Sweep()
 	return d, nil
 }
 
@@ -256,8 +260,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	d.closed = true
-	if d.sweep != nil {
-		d.sweep.Stop()
+	if d.idle != nil {
+		d.idle.Stop()
 	}
 	var runs []*run
 	for _, s := range d.sessions {
@@ -339,7 +343,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern is shutting down")
 	}
 	caller := req.GetCaller()
 	if len(caller) > 128 {
@@ -397,7 +401,7 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	if d.closed {
 		s.busy = false
 		d.mu.Unlock()
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern is shutting down")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern is shutting down")
 	}
 	d.turns.Add(1)
 	s.current = r
@@ -439,9 +443,9 @@ func (d *Daemon) Answer(ctx context.Context, req *pb.AnswerRequest) (*run, uint6
 		if d.store.asked(req.GetSessionId(), iaID) {
 			// Asked by a run this daemon process no longer holds (it
 			// restarted, or the run aged out of memory): it has ended.
-			return nil, 0, apierr.Conflict("interaction_not_pending", "the question is no longer waiting")
+			return nil, 0, apierr.Conflict(apierr.ReasonInteractionNotPending, "the question is no longer waiting")
 		}
-		return nil, 0, apierr.New(http.StatusNotFound, "interaction_unknown", "no pending question in this session has this id")
+		return nil, 0, apierr.New(http.StatusNotFound, apierr.ReasonInteractionUnknown, "no pending question in this session has this id")
 	}
 	return r.answer(iaID, req.GetAnswer(), req.GetDetached())
 }
@@ -465,13 +469,13 @@ func (d *Daemon) Attach(req *pb.AttachRequest) (*run, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.attached {
-		return nil, apierr.Conflict("attachment_failed", "another request is already attached to the run")
+		return nil, apierr.Conflict(apierr.ReasonAttachmentFailed, "another request is already attached to the run")
 	}
 	if _, _, err := r.log.since(req.GetFromSeq()); err != nil {
 		return nil, err
 	}
 	if r.state == stateDone && max(req.GetFromSeq(), 1) >= r.log.next {
-		return nil, apierr.New(http.StatusGone, "attachment_failed", "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
+		return nil, apierr.New(http.StatusGone, apierr.ReasonAttachmentFailed, "the run has ended: there is nothing more to stream from %d", req.GetFromSeq())
 	}
 	r.attached, r.log.pin = true, max(req.GetFromSeq(), 1)
 	return r, nil
@@ -514,19 +518,19 @@ func (d *Daemon) turnDone(r *run, reply, end string) {
 }
 
 func errTurnFailed(format string, args ...any) *apierr.Error {
-	return apierr.New(http.StatusBadGateway, "turn_failed", format, args...)
+	return apierr.New(http.StatusBadGateway, apierr.ReasonTurnFailed, format, args...)
 }
 
 func errRunEnded(msg string) *apierr.Error {
-	return apierr.New(http.StatusGone, "run_ended", "%s", msg)
+	return apierr.New(http.StatusGone, apierr.ReasonRunEnded, "%s", msg)
 }
 
 var _ = fmt.Sprintf
 
 var (
-	errPausedFull  = apierr.New(http.StatusServiceUnavailable, "busy", "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
-	errCallerFull  = apierr.New(http.StatusServiceUnavailable, "busy", "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
-	errSessionBusy = apierr.Conflict("busy", "another turn is running in this session").Retry(apierr.RetryBusySession)
+	errPausedFull  = apierr.New(http.StatusServiceUnavailable, apierr.ReasonBusy, "the intern cannot hold another run open across a question now; retry later").Retry(apierr.RetryPaused)
+	errCallerFull  = apierr.New(http.StatusServiceUnavailable, apierr.ReasonBusy, "you hold as many runs paused on a question as one caller may; answer or cancel one, or retry later").Retry(apierr.RetryPaused)
+	errSessionBusy = apierr.Conflict(apierr.ReasonBusy, "another turn is running in this session").Retry(apierr.RetryBusySession)
 )
 
 // busyError is the 409 for a session that holds a turn. A run paused on
@@ -546,7 +550,7 @@ func busyError(cur *run) *apierr.Error {
 	if id == "" {
 		return errSessionBusy
 	}
-	return apierr.Conflict("busy", "this session is paused waiting for an answer to interaction %q; answer it with a tool message whose tool_call_id is %q (or cancel the run) before sending a new prompt", id, id).Retry(apierr.RetryBusySession)
+	return apierr.Conflict(apierr.ReasonBusy, "this session is paused waiting for an answer to interaction %q; answer it with a tool message whose tool_call_id is %q (or cancel the run) before sending a new prompt", id, id).Retry(apierr.RetryBusySession)
 }
 
 // pauseRoom refuses a turn that could not pause because the intern's
@@ -596,39 +600,21 @@ func (d *Daemon) releasePause(caller string) {
 	}
 }
 
-// forgetIdleSessions drops from memory the sessions no run has used for
-// SessionIdleTTL: no turn in flight or paused, every run ended and
-// detached. Their files stay; a later turn reads them again (and loads the
-// agent's session again), a late answer is told the question ended.
-func (d *Daemon) forgetIdleSessions() {
-	if d.forget(d.now().Add(-d.cfg.SessionIdleTTL), 0) > 0 {
-		// Give what they held back to the kernel now (at most once a
-		// sweep): the Go runtime would keep it for minutes.
-		debug.FreeOSMemory()
-	}
-	d.sweep.Reset(min(d.cfg.SessionIdleTTL/2, time.Minute))
-}
-
-// trimSessions forgets, in the background, the least recently used
-// sessions past MaxIdleSessions once they exceed it by a quarter (so a
-// trim runs once per so many new sessions, not on every turn).
+// trimSessions tells the bound how many sessions there are (idle.Bound.Trim).
 func (d *Daemon) trimSessions() {
 	d.mu.Lock()
 	n := len(d.sessions)
 	d.mu.Unlock()
-	if n <= d.cfg.MaxIdleSessions+d.cfg.MaxIdleSessions/4 || !d.trimming.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer d.trimming.Store(false)
-		d.forget(time.Time{}, n-d.cfg.MaxIdleSessions)
-	}()
+	d.idle.Trim(n)
 }
 
 // forget drops from memory the sessions used before cutoff and, when
 // extra > 0, that many more of the least recently used: only those no
 // turn is in or paused on, every run ended and detached. It returns how
-// many it dropped.
+// many it dropped. Their files stay; a later turn reads them again (and
+// loads the agent's session again), a late answer is told the question
+// ended. idle.Bound calls it: a sweep of the sessions idle for
+// SessionIdleTTL, a trim past MaxIdleSessions.
 func (d *Daemon) forget(cutoff time.Time, extra int) int {
 	d.mu.Lock()
 	if d.closed {

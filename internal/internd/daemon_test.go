@@ -25,6 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -38,8 +39,8 @@ func TestUnauthenticatedCallsRefused(t *testing.T) {
 	e := newEnv(t)
 	// The secret itself, and the daemon's own credential for the gateway,
 	// open nothing here: only the gateway's credential does.
-	for _, tok := range []string{"", "wrong", secret + "x", strings.ToUpper(secret), secret, internd.DaemonCredential(secret),
-		internd.GatewayCredential(secret) + "x"} {
+	for _, tok := range []string{"", "wrong", secret + "x", strings.ToUpper(secret), secret, launch.DaemonCredential(secret),
+		launch.GatewayCredential(secret) + "x"} {
 		c := newClient(e.srv.URL, tok)
 		_, err := c.Status(context.Background(), connect.NewRequest(&pb.StatusRequest{}))
 		if connect.CodeOf(err) != connect.CodeUnauthenticated {
@@ -474,7 +475,7 @@ func TestPausedRunSurvivesConsumer(t *testing.T) {
 			if stall {
 				tr := testutil.H2CTransport()
 				tr.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: 1}
-				c = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: testutil.Bearer(internd.GatewayCredential(secret), tr)}, e.srv.URL)
+				c = interndv1connect.NewInternDaemonServiceClient(&http.Client{Transport: testutil.Bearer(launch.GatewayCredential(secret), tr)}, e.srv.URL)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

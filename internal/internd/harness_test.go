@@ -15,6 +15,7 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -60,7 +61,7 @@ func startEnv(t testing.TB, cfg internd.Config) *env {
 	}
 	t.Cleanup(func() { d.Close() }) // after the server has closed
 	srv := testutil.ServeH2C(t, d.Handler())
-	return &env{d: d, srv: srv, c: newClient(srv.URL, internd.GatewayCredential(secret)), cfg: cfg}
+	return &env{d: d, srv: srv, c: newClient(srv.URL, launch.GatewayCredential(secret)), cfg: cfg}
 }
 
 // newClient speaks h2c (prior knowledge) and sends tok as its bearer
@@ -164,7 +165,7 @@ func (e *env) attachOnceFree(t testing.TB, session, run string, from uint64) ([]
 }
 
 // wantErr checks a daemon error's HTTP status and reason.
-func wantErr(t testing.TB, err error, status int, reason string) {
+func wantErr(t testing.TB, err error, status int, reason apierr.Reason) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("want error %d %s, got none", status, reason)

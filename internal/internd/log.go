@@ -107,7 +107,7 @@ func (l *eventLog) since(from uint64) ([]*pb.RunEvent, <-chan struct{}, error) {
 		from = 1
 	}
 	if from < l.first {
-		return nil, nil, apierr.New(http.StatusGone, "attachment_failed",
+		return nil, nil, apierr.New(http.StatusGone, apierr.ReasonAttachmentFailed,
 			"the run produced more output than the intern retains: events before %d were dropped", l.first)
 	}
 	if from > l.next {

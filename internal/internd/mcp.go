@@ -23,6 +23,7 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/httptool"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 )
 
 // MCPServerName is the name of the daemon's MCP server in session/new.
@@ -64,7 +65,7 @@ func (d *Daemon) startTools() error {
 		byToken: map[[32]byte]*toolBinding{}}
 	if d.cfg.GatewayURL != "" {
 		t.gw = cohortv1connect.NewInternGatewayServiceClient(http.DefaultClient, strings.TrimSuffix(d.cfg.GatewayURL, "/"),
-			connect.WithInterceptors(bearer("Bearer "+DaemonCredential(d.cfg.Secret))))
+			connect.WithInterceptors(bearer("Bearer "+launch.DaemonCredential(d.cfg.Secret))))
 	}
 	h := mcp.NewStreamableHTTPHandler(t.server, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	t.srv = &http.Server{Handler: t.auth(h), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}

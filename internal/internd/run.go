@@ -126,7 +126,7 @@ func (r *run) modelLocked() string {
 func finished(reason pb.Finished_Reason, e *apierr.Error) *pb.RunEvent {
 	f := &pb.Finished{Reason: reason}
 	if e != nil {
-		f.Code, f.ErrorReason, f.Message = int32(e.Status), e.Reason, e.Message
+		f.Code, f.ErrorReason, f.Message = int32(e.Status), string(e.Reason), e.Message
 	}
 	return &pb.RunEvent{Event: &pb.RunEvent_Finished{Finished: f}}
 }
@@ -159,14 +159,14 @@ func (d *Daemon) runTurn(a *agentProc, r *run, acpID, prompt string) {
 		if e == nil {
 			e = errRunEnded("the run was cancelled")
 		}
-		last, end = finished(pb.Finished_REASON_ENDED, e), e.Reason
+		last, end = finished(pb.Finished_REASON_ENDED, e), string(e.Reason)
 		if e.Status != http.StatusGone {
 			last = finished(pb.Finished_REASON_ERROR, e)
 		}
 	case err != nil:
 		d.log.Warn("agent prompt failed", "run", r.id, "err", err)
 		e := d.promptError(err)
-		last, end = finished(pb.Finished_REASON_ERROR, e), e.Reason
+		last, end = finished(pb.Finished_REASON_ERROR, e), string(e.Reason)
 	default:
 		reason, e := mapStop(resp.StopReason)
 		last, end = finished(reason, e), string(resp.StopReason)
@@ -222,7 +222,7 @@ func (d *Daemon) promptError(err error) *apierr.Error {
 	if errors.As(err, &re) {
 		msg := d.agentMessage(err)
 		if data, ok := re.Data.(map[string]any); ok && data["reason"] == "timeout" {
-			return apierr.New(http.StatusGatewayTimeout, "timeout", "the intern's model did not answer in time: %s", msg)
+			return apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the intern's model did not answer in time: %s", msg)
 		}
 		// The agent's own words, whatever the JSON-RPC code (issue 29):
 		// "model gpt-9 is not available" is the caller's to fix.
@@ -390,7 +390,7 @@ func (r *run) answer(iaID, text string, detached bool) (*run, uint64, error) {
 	ia := r.pending
 	if ia == nil || ia.id != iaID || r.state != statePaused {
 		r.mu.Unlock()
-		return nil, 0, apierr.Conflict("interaction_not_pending", "the question is no longer waiting")
+		return nil, 0, apierr.Conflict(apierr.ReasonInteractionNotPending, "the question is no longer waiting")
 	}
 	rep, err := ia.parse(text)
 	if err != nil {
@@ -399,7 +399,7 @@ func (r *run) answer(iaID, text string, detached bool) (*run, uint64, error) {
 	}
 	if r.attached {
 		r.mu.Unlock()
-		return nil, 0, apierr.Conflict("attachment_failed", "another request is already attached to the run")
+		return nil, 0, apierr.Conflict(apierr.ReasonAttachmentFailed, "another request is already attached to the run")
 	}
 	ia.timer.Stop()
 	r.pending = nil

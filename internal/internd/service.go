@@ -14,6 +14,7 @@ import (
 	pb "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 )
 
 // Handler serves InternDaemonService (and GET /healthz, unauthenticated,
@@ -21,7 +22,7 @@ import (
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
 	opts := connect.WithHandlerOptions(
-		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(GatewayCredential(d.cfg.Secret)))}),
+		connect.WithInterceptors(apierr.ConnectInterceptor(d.log), secretInterceptor{sum: sha256.Sum256([]byte(launch.GatewayCredential(d.cfg.Secret)))}),
 		// Run events are small: gzip per event costs more than it saves
 		// (most of the CPU of a stream, measured). The bound is above the
 		// largest merged text delta (maxMerged, and the built-in agent's

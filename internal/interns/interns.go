@@ -375,7 +375,7 @@ func (s *Service) transition(ctx context.Context, p *auth.Principal, id, to stri
 		ok = ok || in.State == f
 	}
 	if !ok {
-		return nil, apierr.Conflict("conflict", "intern is %s", in.State)
+		return nil, apierr.Conflict(apierr.ReasonConflict, "intern is %s", in.State)
 	}
 	return s.SetState(ctx, in, to)
 }

@@ -7,19 +7,19 @@ import (
 	"strings"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 )
 
-// AgentRun is how one intern's daemon runs its agent: `cohort intern`
-// flags, and for a third-party agent its own model endpoint. Backends that
+// AgentRun is how one intern's daemon runs its agent: its part of the
+// daemon's launch (where Modules is the node_modules directory a jail must
+// show), and for a third-party agent its own model endpoint. Backends that
 // start daemons share it.
 type AgentRun struct {
-	Flags []string
+	Launch launch.Agent
 	// Upstream is a third-party agent's model endpoint ("" for the
 	// built-in agent, which uses the gateway's) and KeySecret the vault
 	// secret the relay substitutes for the placeholder.
 	Upstream, KeySecret string
-	// Modules is the node_modules directory the jail must show.
-	Modules string
 }
 
 // Agents is the operator's agent settings, shared by the backends that
@@ -45,7 +45,7 @@ func (a Agents) For(name string, jailed bool) (AgentRun, error) {
 	}
 	run, err := a.run(r, jailed)
 	if m := a.Catalog.AuthMethods[r.Name]; m != "" && err == nil {
-		run.Flags = append(run.Flags, "--agent-auth-method", m)
+		run.Launch.AuthMethod = m
 	}
 	return run, err
 }
@@ -53,20 +53,20 @@ func (a Agents) For(name string, jailed bool) (AgentRun, error) {
 func (a Agents) run(r agents.Resolved, jailed bool) (AgentRun, error) {
 	switch {
 	case r.Profile != nil:
-		run := AgentRun{Upstream: r.Endpoint, KeySecret: r.Profile.KeySecret, Modules: a.Catalog.Modules,
-			Flags: []string{"--agent", r.Name, "--agent-modules", a.Catalog.Modules}}
+		run := AgentRun{Upstream: r.Endpoint, KeySecret: r.Profile.KeySecret,
+			Launch: launch.Agent{Name: r.Name, Modules: a.Catalog.Modules}}
 		if jailed {
-			run.Flags = append(run.Flags, "--agent-key-placeholder", agents.KeyPlaceholder)
+			run.Launch.KeyPlaceholder = agents.KeyPlaceholder
 		} else {
 			// Unjailed there is no relay to add the key: the agent calls its
 			// endpoint directly and gets none (docs/agents.md).
-			run.Flags = append(run.Flags, "--agent-base-url", r.Endpoint)
+			run.Launch.BaseURL = r.Endpoint
 		}
 		return run, nil
 	case len(r.Command) > 0:
-		return AgentRun{Flags: []string{"--agent-command", strings.Join(r.Command, " ")}}, nil
+		return AgentRun{Launch: launch.Agent{Command: strings.Join(r.Command, " ")}}, nil
 	case a.Command != "":
-		return AgentRun{Flags: []string{"--agent-command", a.Command}}, nil
+		return AgentRun{Launch: launch.Agent{Command: a.Command}}, nil
 	}
 	return AgentRun{}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 )
 
 // The operator's auth method for an agent reaches its daemon's flags, and
@@ -16,11 +17,12 @@ func TestAgentAuthMethodFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := slices.Index(run.Flags, "--agent-auth-method"); i < 0 || i+1 >= len(run.Flags) || run.Flags[i+1] != "api-key" {
-		t.Fatalf("flags %q lack --agent-auth-method api-key", run.Flags)
+	flags := launch.Daemon{Agent: run.Launch}.Args()
+	if i := slices.Index(flags, "--agent-auth-method"); i < 0 || i+1 >= len(flags) || flags[i+1] != "api-key" {
+		t.Fatalf("flags %q lack --agent-auth-method api-key", flags)
 	}
 	run, err = p.For("other", true)
-	if err != nil || slices.Contains(run.Flags, "--agent-auth-method") {
-		t.Fatalf("other agent: %q %v", run.Flags, err)
+	if flags := (launch.Daemon{Agent: run.Launch}.Args()); err != nil || slices.Contains(flags, "--agent-auth-method") {
+		t.Fatalf("other agent: %q %v", flags, err)
 	}
 }

@@ -49,7 +49,7 @@ const maxBackoff = 30 * time.Second
 
 // ErrNoRoom is the refusal of a wake when every awake intern is busy and
 // the fleet is at MaxAwake.
-var ErrNoRoom = apierr.New(http.StatusServiceUnavailable, "busy", "every awake intern is busy and this host runs as many as it may; retry later").Retry(apierr.RetryNoRoom)
+var ErrNoRoom = apierr.New(http.StatusServiceUnavailable, apierr.ReasonBusy, "every awake intern is busy and this host runs as many as it may; retry later").Retry(apierr.RetryNoRoom)
 
 // fleet is the reconciler's state.
 type fleet struct {
@@ -699,7 +699,7 @@ func (p *Provisioner) Wake(ctx context.Context, in *store.Intern) (_ *store.Inte
 		return nil, errUnreachable.WithCause(err)
 	}
 	late := func() error {
-		return apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken in time").WithCause(ctx.Err())
+		return apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be woken in time").WithCause(ctx.Err())
 	}
 	for {
 		a := p.act(in.ID, true)
@@ -815,7 +815,7 @@ func (c *trackedConn) CloseResponse() error {
 }
 
 // errUnreachable is the chat's refusal when a daemon cannot be reached.
-var errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+var errUnreachable = apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached")
 
 // wakeError is the caller's error for a wake that failed. Most causes are
 // the operator's to read in the log; an agent the catalog no longer allows
@@ -823,7 +823,7 @@ var errUnreachable = apierr.New(http.StatusBadGateway, "intern_unreachable", "th
 func wakeError(cause error) *apierr.Error {
 	var na *agents.NotAllowedError
 	if errors.As(cause, &na) {
-		return apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken: %s", na.Error()).WithCause(cause)
+		return apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be woken: %s", na.Error()).WithCause(cause)
 	}
-	return apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be woken").WithCause(cause)
+	return apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be woken").WithCause(cause)
 }

@@ -43,7 +43,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/h2coalesce"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
@@ -173,7 +173,7 @@ func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (internd
 	p.init()
 	var in store.Intern
 	if err := p.DB.NewSelect().Model(&in).Where("id = ?", intern.ID).Scan(ctx); err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached").WithCause(err)
 	}
 	return p.ClientFor(&in)
 }
@@ -184,10 +184,10 @@ func (p *Provisioner) Client(ctx context.Context, intern *store.Intern) (internd
 func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
 	p.init()
 	if in.State != store.InternRunning {
-		return nil, apierr.Conflict("intern_not_ready", "the intern is not running")
+		return nil, apierr.Conflict(apierr.ReasonInternNotReady, "the intern is not running")
 	}
 	if in.DaemonURL == "" || in.DaemonSecret == "" {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached")
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached")
 	}
 	k := dialKey{id: in.ID, url: in.DaemonURL, wrapped: in.DaemonSecret}
 	p.dialMu.Lock()
@@ -198,7 +198,7 @@ func (p *Provisioner) ClientFor(in *store.Intern) (interndv1connect.InternDaemon
 	}
 	secret, err := p.unwrap(in)
 	if err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the intern could not be reached").WithCause(err)
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the intern could not be reached").WithCause(err)
 	}
 	c = p.dial(in.ID, in.DaemonURL, secret)
 	p.dialMu.Lock()
@@ -222,9 +222,9 @@ const maxDialed = 4096
 // dial returns a client of the daemon at base; calls through it count as
 // the intern's activity (id, when set). It presents the gateway's
 // credential, derived from the secret: replayed to the gateway by whatever
-// captured it, it opens nothing (internd.GatewayCredential).
+// captured it, it opens nothing (launch.GatewayCredential).
 func (p *Provisioner) dial(id, base, secret string) interndv1connect.InternDaemonServiceClient {
-	ics := []connect.Interceptor{bearerInterceptor("Bearer " + internd.GatewayCredential(secret))}
+	ics := []connect.Interceptor{bearerInterceptor("Bearer " + launch.GatewayCredential(secret))}
 	if id != "" {
 		ics = append(ics, activity{p, id})
 	}
@@ -361,7 +361,7 @@ func (p *Provisioner) Close() {
 }
 
 // VerifyDaemonSecret reports whether presented is the daemon's credential
-// for the gateway (internd.DaemonCredential), derived from the daemon
+// for the gateway (launch.DaemonCredential), derived from the daemon
 // secret stored (wrapped by the KEK) on the intern's row. The intern's
 // daemon presents it to the gateway's InternGatewayService; the secret
 // itself, or what the gateway presents to the daemon, is refused. Both
@@ -375,6 +375,6 @@ func VerifyDaemonSecret(kek *envelope.KEK, in *store.Intern, presented string) b
 	if err != nil {
 		return false
 	}
-	a, b := sha256.Sum256([]byte(internd.DaemonCredential(stored))), sha256.Sum256([]byte(presented))
+	a, b := sha256.Sum256([]byte(launch.DaemonCredential(stored))), sha256.Sum256([]byte(presented))
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }

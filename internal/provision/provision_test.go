@@ -159,7 +159,7 @@ func TestRemoteRegister(t *testing.T) {
 		for _, c := range []struct {
 			id, url, secret string
 			status          int
-			reason          string
+			reason          apierr.Reason
 		}{
 			{e.InternID, url, "wrong-secret", 502, "intern_unreachable"},
 			{e.InternID, "ftp://example", secret, 400, "bad_request"},

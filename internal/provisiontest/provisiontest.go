@@ -229,7 +229,7 @@ var lifecycle = []struct {
 		if _, err := f.e.Server.Interns.Suspend(ctx, f.e.Operator(), f.id); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.prov.Client(ctx, f.intern(t)); !apierr.Is(err, 409, "intern_not_ready") {
+		if _, err := f.prov.Client(ctx, f.intern(t)); !apierr.Is(err, 409, apierr.ReasonInternNotReady) {
 			t.Fatalf("suspended intern: %v", err)
 		}
 		if f.h.Hosts() {

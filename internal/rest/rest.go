@@ -27,7 +27,7 @@ import (
 // (JSONType). A gzip body (Content-Encoding: gzip) is
 // decompressed, the limit applying to what it decompresses to; any other
 // encoding is a 415, never read as if it were plain.
-func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason string) (_ []byte, err error) {
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason apierr.Reason) (_ []byte, err error) {
 	if err := JSONType(r.Header.Get("Content-Type")); err != nil {
 		Drain(w, r.Body)
 		return nil, err
@@ -55,7 +55,7 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64, reason string
 		defer zr.Close()
 		src, gz = io.LimitReader(zr, limit+1), true
 	default:
-		return nil, apierr.New(http.StatusUnsupportedMediaType, "bad_request", "Content-Encoding %q is not supported: send the body as is, or gzip", enc)
+		return nil, apierr.New(http.StatusUnsupportedMediaType, apierr.ReasonBadRequest, "Content-Encoding %q is not supported: send the body as is, or gzip", enc)
 	}
 	body, err := io.ReadAll(src)
 	if err != nil {
@@ -86,7 +86,7 @@ func JSONType(ct string) error {
 	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
 		return nil
 	}
-	return apierr.New(http.StatusUnsupportedMediaType, "bad_request",
+	return apierr.New(http.StatusUnsupportedMediaType, apierr.ReasonBadRequest,
 		"Content-Type %q is not JSON: send Content-Type: application/json (with curl: -H 'Content-Type: application/json')", ct)
 }
 
@@ -256,7 +256,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error, withReason bo
 	}
 	body := ErrorBody{Error: ErrorObject{Code: e.Status, Message: e.Message}}
 	if withReason && e.Reason != "" && e.Status != http.StatusInternalServerError {
-		body.Error.Metadata = &ErrorMetadata{Reason: e.Reason}
+		body.Error.Metadata = &ErrorMetadata{Reason: string(e.Reason)}
 	}
 	WriteJSON(w, e.Status, body)
 }

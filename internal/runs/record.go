@@ -114,7 +114,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 				if r.CancelRequested {
 					// Cancelled while it asked: the daemon's run is
 					// cancelled after this commits (follow).
-					r.Status, r.Error = store.RunCancelled, errorOf(&cohortv1.ChunkError{Code: http.StatusGone, Reason: "run_ended", Message: "the caller cancelled the run"})
+					r.Status, r.Error = store.RunCancelled, errorOf(&cohortv1.ChunkError{Code: http.StatusGone, Reason: string(apierr.ReasonRunEnded), Message: "the caller cancelled the run"})
 				}
 			case "stop":
 				r.Status, r.Pending = store.RunCompleted, ""
@@ -139,7 +139,7 @@ func (m *Manager) record(ctx context.Context, id string, ev *interndv1.RunEvent,
 				return err
 			}
 		}
-		lease := now.Add(m.Config.Lease)
+		lease := m.lease().Until(now)
 		r.LeaseUntil, r.UpdatedAt = &lease, now
 		if _, err := tx.NewUpdate().Model(&r).WherePK().Exec(ctx); err != nil {
 			return err
@@ -349,8 +349,8 @@ func (m *Manager) heartbeat(ctx context.Context, cancel context.CancelFunc, id s
 			return
 		case <-t.C:
 		}
-		res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(m.Config.Lease)).
-			Where("id = ?", id).Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx)
+		res, err := m.lease().Extend(m.DB.NewUpdate().Model((*store.Run)(nil)), m.now()).
+			Where("id = ?", id).Where("status = ?", store.RunRunning).Exec(ctx)
 		if err != nil {
 			continue // the database is away; the lease may pass meanwhile
 		}
@@ -365,8 +365,7 @@ func (m *Manager) heartbeat(ctx context.Context, cancel context.CancelFunc, id s
 func (m *Manager) release(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)). //nolint:errcheck
-													Where("id = ?", id).Where("lease_owner = ?", m.owner).Exec(ctx)
+	m.lease().Release(m.DB.NewUpdate().Model((*store.Run)(nil))).Where("id = ?", id).Exec(ctx) //nolint:errcheck
 }
 
 // end moves a run from status from to a terminal status with an error,
@@ -385,7 +384,7 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 		now := m.now()
 		r.Status, r.Pending, r.PauseDeadline, r.EndedAt, r.UpdatedAt, r.SegmentOpen = to, "", nil, &now, now, false
 		if e != nil {
-			r.Error = errorOf(&cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: e.Reason})
+			r.Error = errorOf(&cohortv1.ChunkError{Code: int32(e.Status), Message: e.Message, Reason: string(e.Reason)})
 		}
 		if _, err := tx.NewUpdate().Model(&r).WherePK().Exec(ctx); err != nil {
 			return err
@@ -471,7 +470,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 		Owner string `bun:"lease_owner"`
 	}
 	err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
-		Where("lease_until IS NULL OR lease_until < ?", now).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
+		Where(store.LeaseFree("", now)).OrderExpr("created_at").Limit(100).Scan(ctx, &free)
 	if err != nil {
 		return
 	}
@@ -484,7 +483,7 @@ func (m *Manager) takeOver(ctx context.Context) {
 			Owner string `bun:"lease_owner"`
 		}
 		err := m.DB.NewSelect().Model((*store.Run)(nil)).Column("id", "lease_owner").Where("status = ?", store.RunRunning).
-			Where("lease_until >= ?", now).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
+			Where(store.LeaseHeld("", now)).Where("lease_owner NOT IN (?)", bun.List([]string{"", m.owner})).
 			Where(notLive, args...).
 			OrderExpr("created_at").Limit(100).Scan(ctx, &dead)
 		if err == nil {
@@ -498,10 +497,10 @@ func (m *Manager) takeOver(ctx context.Context) {
 		if m.owns(r.ID) {
 			continue
 		}
-		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", now.Add(m.Config.Lease)).
+		q := m.DB.NewUpdate().Model((*store.Run)(nil)).Set(m.lease().Take(now)).
 			Where("id = ?", r.ID).Where("status = ?", store.RunRunning)
 		if i < lapsed {
-			q = q.Where("lease_until IS NULL OR lease_until < ?", now)
+			q = q.Where(store.LeaseFree("", now))
 		} else {
 			q = q.Where("lease_owner = ?", r.Owner) // still the dead one's
 		}
@@ -561,12 +560,12 @@ func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.S
 		}
 	}
 	if r.SessionID == "" || r.DaemonRunID == "" {
-		fail(apierr.New(http.StatusBadGateway, "stream_severed", "the gateway stopped before the run started"))
+		fail(apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the gateway stopped before the run started"))
 		return nil, nil
 	}
 	var in store.Intern
 	if err := m.DB.NewSelect().Model(&in).Where("id = ?", r.InternID).Scan(ctx); err != nil || in.State == store.InternDeleted {
-		fail(apierr.New(http.StatusGone, "run_ended", "the intern of the run is gone"))
+		fail(apierr.New(http.StatusGone, apierr.ReasonRunEnded, "the intern of the run is gone"))
 		return nil, nil
 	}
 	id0, created := r.CompletionID, r.CompletionCreated
@@ -612,7 +611,7 @@ func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.S
 // transient: a refusal to attach that may pass (another reader still
 // attached, the daemon away a moment).
 func transient(e *apierr.Error) bool {
-	return (e.Status == http.StatusConflict && e.Reason == "attachment_failed") || e.Reason == "intern_unreachable" || e.Reason == "intern_not_ready"
+	return (e.Status == http.StatusConflict && e.Reason == apierr.ReasonAttachmentFailed) || e.Reason == apierr.ReasonInternUnreachable || e.Reason == apierr.ReasonInternNotReady
 }
 
 func (m *Manager) expirePaused(ctx context.Context) {
@@ -623,7 +622,7 @@ func (m *Manager) expirePaused(ctx context.Context) {
 		return
 	}
 	for _, id := range ids {
-		m.end(ctx, id, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the interaction deadline passed; the run was cancelled")) //nolint:errcheck
+		m.end(ctx, id, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, apierr.ReasonRunEnded, "the interaction deadline passed; the run was cancelled")) //nolint:errcheck
 	}
 }
 

@@ -131,7 +131,7 @@ func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, ru
 	}
 	switch run.Status {
 	case store.RunPaused:
-		ok, err := m.end(ctx, run.ID, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, "run_ended", "the caller cancelled the run"))
+		ok, err := m.end(ctx, run.ID, store.RunPaused, store.RunCancelled, apierr.New(http.StatusGone, apierr.ReasonRunEnded, "the caller cancelled the run"))
 		if err != nil {
 			return nil, apierr.Internal(err)
 		}
@@ -153,7 +153,7 @@ func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, ru
 			m.recordHere(ctx, run.ID)
 		}
 	default:
-		return nil, apierr.Conflict("run_ended", "the run has already ended: it is %s", run.Status)
+		return nil, apierr.Conflict(apierr.ReasonRunEnded, "the run has already ended: it is %s", run.Status)
 	}
 	_, run, err = m.load(ctx, p, in.ID, run.ID)
 	return run, err
@@ -169,7 +169,7 @@ func (m *Manager) recordHere(ctx context.Context, id string) {
 	if m.owns(id) || m.ctx.Err() != nil {
 		return
 	}
-	res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_owner = ?", m.owner).Set("lease_until = ?", m.now().Add(m.Config.Lease)).
+	res, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set(m.lease().Take(m.now())).
 		Where("id = ?", id).Where("status = ?", store.RunRunning).Where("lease_owner <> ?", m.owner).Exec(ctx)
 	if err != nil {
 		m.Log.Warn("record a cancelled background run here", "run", id, "err", err)

@@ -178,6 +178,9 @@ func randomID(n int) string {
 
 func (m *Manager) now() time.Time { return time.Now().UTC() }
 
+// lease is this process's lease on the runs it records (ADR 0952).
+func (m *Manager) lease() store.Lease { return store.Lease{Owner: m.owner, Term: m.Config.Lease} }
+
 // Close stops recording: the event streams read here end (their readers
 // resume on another replica from their last event id), the recorders stop
 // and the runs this process recorded are released (their lease ends now),
@@ -193,8 +196,8 @@ func (m *Manager) Close() {
 		m.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, err := m.DB.NewUpdate().Model((*store.Run)(nil)).Set("lease_until = ?", m.now().Add(-time.Second)).
-			Where("lease_owner = ?", m.owner).Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
+		if _, err := m.lease().Release(m.DB.NewUpdate().Model((*store.Run)(nil))).
+			Where("status = ?", store.RunRunning).Exec(ctx); err != nil {
 			m.Log.Warn("release background runs", "err", err)
 		}
 		m.alive.Release()
@@ -252,7 +255,7 @@ var _ chat.Background = (*Manager)(nil)
 
 // errCap is the 429 of a workspace at its cap of running background runs.
 func errCap(n int) *apierr.Error {
-	return apierr.New(http.StatusTooManyRequests, "rate_limited",
+	return apierr.New(http.StatusTooManyRequests, apierr.ReasonRateLimited,
 		"this workspace has %d background runs running, as many as it may; wait for one to end or cancel one", n).Retry(5)
 }
 
@@ -335,7 +338,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer ccancel()
 			m.Chat.Cancel(cctx, in, run.SessionID) //nolint:errcheck
-			return nil, apierr.Conflict("run_ended", "the run was cancelled while the answer was on its way")
+			return nil, apierr.Conflict(apierr.ReasonRunEnded, "the run was cancelled while the answer was on its way")
 		}
 		return nil, apierr.From(err)
 	}
@@ -356,7 +359,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 // starting runs at once never pass the cap together.
 func (m *Manager) insert(ctx context.Context, in *store.Intern, caller string) (*store.Run, error) {
 	now := m.now()
-	lease := now.Add(m.Config.Lease)
+	lease := m.lease().Until(now)
 	r := &store.Run{ID: "run_" + randomID(18), OrganizationID: in.OrganizationID, WorkspaceID: in.WorkspaceID, InternID: in.ID,
 		Caller: caller, Status: store.RunRunning, LeaseOwner: m.owner, LeaseUntil: &lease, CreatedAt: now, UpdatedAt: now}
 	m.stayAlive(ctx) // before the run is ours: others see this process live

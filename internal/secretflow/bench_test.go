@@ -15,7 +15,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/httptool"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -49,7 +49,7 @@ func BenchmarkSecretRelease(b *testing.B) {
 			gw := cohortv1connect.NewInternGatewayServiceClient(e.HTTPClient(), e.URL)
 			release := func(ctx context.Context, name, h string) (string, error) {
 				r := connect.NewRequest(&cohortv1.ReleaseSecretRequest{InternId: e.InternID, Name: name, Host: h, RunId: "bench"})
-				r.Header().Set("Authorization", "Bearer "+internd.DaemonCredential(secret))
+				r.Header().Set("Authorization", "Bearer "+launch.DaemonCredential(secret))
 				res, err := gw.ReleaseSecret(ctx, r)
 				if err != nil {
 					return "", err

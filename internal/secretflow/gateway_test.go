@@ -14,7 +14,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -42,7 +42,7 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 		if _, err := e.DB.NewUpdate().Model((*store.Intern)(nil)).Set("daemon_secret = ?", base64.StdEncoding.EncodeToString(ct)).Where("id = ?", e.InternID).Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
-		daemonCred := internd.DaemonCredential(secret)
+		daemonCred := launch.DaemonCredential(secret)
 		c := cohortv1connect.NewInternGatewayServiceClient(e.HTTPClient(), e.URL)
 		call := func(tok, intern, host string) (string, error) {
 			r := connect.NewRequest(&cohortv1.ReleaseSecretRequest{InternId: intern, Name: "api_key", Host: host, RunId: "run-9"})
@@ -60,7 +60,7 @@ func TestGatewayReleaseNeedsTheInternsDaemonSecret(t *testing.T) {
 			{daemonCred, "not-a-uuid"}, {e.WorkspaceKey, e.InternID}, {e.ManagementKey, e.InternID},
 			// The secret itself, and what the gateway presents to the
 			// daemon: a program in the jail that captured it has nothing.
-			{secret, e.InternID}, {internd.GatewayCredential(secret), e.InternID},
+			{secret, e.InternID}, {launch.GatewayCredential(secret), e.InternID},
 		} {
 			if _, err := call(bad.tok, bad.intern, "api.example.com"); connect.CodeOf(err) != connect.CodeUnauthenticated || strings.Contains(err.Error(), "gw-secret-value") {
 				t.Fatalf("%+v: %v", bad, err)

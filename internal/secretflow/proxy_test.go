@@ -30,7 +30,7 @@ import (
 
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/egress"
-	"github.com/cohort-dev/cohort/internal/internd"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
 	"github.com/cohort-dev/cohort/internal/testenv"
@@ -314,7 +314,7 @@ func TestRemoteProxyDoor(t *testing.T) {
 	}
 	base := "https://api.localhost:" + r.port
 
-	r.relay.SetSecrets(door(internd.DaemonCredential(secret)))
+	r.relay.SetSecrets(door(launch.DaemonCredential(secret)))
 	if _, body := r.get(t, base+"/x", map[string]string{"Authorization": "Bearer {{secret:gh}}"}); body != "you sent Bearer {{secret:gh}} at /x" {
 		t.Fatalf("the client got %q", body)
 	}

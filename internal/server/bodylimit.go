@@ -94,14 +94,14 @@ func bodyLimit(d door, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		tooLarge := apierr.New(http.StatusRequestEntityTooLarge, "payload_too_large", "request body exceeds %d bytes", d.limit)
+		tooLarge := apierr.New(http.StatusRequestEntityTooLarge, apierr.ReasonPayloadTooLarge, "request body exceeds %d bytes", d.limit)
 		gz := false
 		switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 		case "", "identity":
 		case "gzip":
 			gz = true
 		default:
-			d.refuse(w, r, apierr.New(http.StatusUnsupportedMediaType, "bad_request",
+			d.refuse(w, r, apierr.New(http.StatusUnsupportedMediaType, apierr.ReasonBadRequest,
 				"Content-Encoding %q is not supported: send the body as is, or gzip", enc))
 			return
 		}

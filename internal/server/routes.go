@@ -189,7 +189,7 @@ func (s *Server) routes() []route {
 		// (web.Handler), and under /api/ a 404 in the API's error shape.
 		{pattern: "/", access: public, handler: web.Handler().ServeHTTP},
 		{pattern: "/api/", access: public, handler: func(w http.ResponseWriter, r *http.Request) {
-			rest.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path), false)
+			rest.WriteError(w, r, apierr.New(http.StatusNotFound, apierr.ReasonNotFound, "no route for %s %s", r.Method, r.URL.Path), false)
 		}},
 	}
 }

@@ -16,7 +16,7 @@ import (
 // GatewayHandler is InternGatewayService: the door interns' daemons use to
 // have the vault release a secret for one request of their http_request
 // tool. It is authenticated by the daemon's own credential, derived from
-// the intern's daemon secret (internd.DaemonCredential), not an API key:
+// the intern's daemon secret (launch.DaemonCredential), not an API key:
 // what the gateway presents to the daemon, if a program in the jail
 // captured it, is refused here.
 type GatewayHandler struct{ S *Service }

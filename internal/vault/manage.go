@@ -159,7 +159,7 @@ func (s *Service) ListReleases(ctx context.Context, p *auth.Principal, req *coho
 		}
 	}
 	if p.KeyKind != store.KeyManagement && p.KeyKind != auth.KindOperator {
-		return nil, apierr.New(http.StatusForbidden, "forbidden", "the vault audit requires a management key")
+		return nil, apierr.New(http.StatusForbidden, apierr.ReasonForbidden, "the vault audit requires a management key")
 	}
 	limit := int(req.GetLimit())
 	switch {

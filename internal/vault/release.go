@@ -129,7 +129,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 		return strings.Compare(a.VScope, b.VScope) // "intern" < "workspace"
 	})
 	if len(found) == 0 {
-		return "", ReasonSecretNotFound, apierr.New(http.StatusNotFound, "not_found",
+		return "", ReasonSecretNotFound, apierr.New(http.StatusNotFound, apierr.ReasonNotFound,
 			"no secret %q in the intern's vault or its workspace's vault", name)
 	}
 	f := found[0]
@@ -140,7 +140,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 	}
 	rec.VaultID, rec.VaultScope = &v.ID, v.ScopeKind
 	if row.Hosts == nil {
-		return "", ReasonUnbound, apierr.New(http.StatusForbidden, "secret_unbound",
+		return "", ReasonUnbound, apierr.New(http.StatusForbidden, apierr.ReasonSecretUnbound,
 			"secret %q is bound to no host: store it again with hosts", name)
 	}
 	var hosts []string
@@ -148,7 +148,7 @@ func (s *Service) release(ctx context.Context, rec *store.VaultRelease, req Rele
 		return "", ReasonDecryptFailed, apierr.Bug("vault %s secret %s: stored hosts do not parse: %w", v.ID, name, err)
 	}
 	if !slices.Contains(hosts, host) {
-		return "", ReasonHostNotAllowed, apierr.New(http.StatusForbidden, "host_not_allowed",
+		return "", ReasonHostNotAllowed, apierr.New(http.StatusForbidden, apierr.ReasonHostNotAllowed,
 			"secret %q is not bound to host %q: it is released only to %s", name, host, strings.Join(hosts, ", "))
 	}
 	kr, err := s.keyring(v)

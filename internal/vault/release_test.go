@@ -39,7 +39,7 @@ func TestReleaseOnlyToExactHosts(t *testing.T) {
 		refused := []struct {
 			host, name string
 			status     int
-			reason     string
+			reason     apierr.Reason
 		}{
 			{"example.com", "api_key", 403, "host_not_allowed"},         // parent domain
 			{"www.api.example.com", "api_key", 403, "host_not_allowed"}, // subdomain

@@ -50,7 +50,7 @@ func ToJSON(m *cohortv1.SecretMetadata) SecretJSON {
 
 // readPut reads and strictly decodes a PUT body, answering the error itself.
 func readPut(w http.ResponseWriter, r *http.Request) (*putBody, bool) {
-	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
+	body, err := rest.ReadBody(w, r, MaxBody, apierr.ReasonPayloadTooLarge)
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return nil, false
@@ -216,9 +216,9 @@ func (h REST) Other(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		rest.WriteError(w, r, apierr.New(http.StatusMethodNotAllowed, "method_not_allowed",
+		rest.WriteError(w, r, apierr.New(http.StatusMethodNotAllowed, apierr.ReasonMethodNotAllowed,
 			"%s is not supported here (allowed: %s): secret values are never read back", r.Method, allow), true)
 		return
 	}
-	rest.WriteError(w, r, apierr.New(http.StatusNotFound, "not_found", "no vault route for %s %s", r.Method, r.URL.Path), true)
+	rest.WriteError(w, r, apierr.New(http.StatusNotFound, apierr.ReasonNotFound, "no vault route for %s %s", r.Method, r.URL.Path), true)
 }

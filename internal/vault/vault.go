@@ -93,22 +93,22 @@ func (s *Service) Admit(p *auth.Principal, requestHost string, write bool) error
 		h := hostHeader(requestHost)
 		for _, r := range s.RegionalHosts {
 			if hostHeader(r) == h {
-				return apierr.New(http.StatusForbidden, "regional_host",
+				return apierr.New(http.StatusForbidden, apierr.ReasonRegionalHost,
 					"the vault is not available on regional hostname %q: use the global API hostname", h)
 			}
 		}
 	}
 	switch {
 	case p.KeyKind != store.KeyWorkspace && p.KeyKind != store.KeyPersonal:
-		return apierr.New(http.StatusForbidden, "forbidden",
+		return apierr.New(http.StatusForbidden, apierr.ReasonForbidden,
 			"a %s key selects no workspace: vault routes act on the workspace of a workspace key or a personal key's active workspace", p.KeyKind)
 	case p.WorkspaceID == "":
-		return apierr.New(http.StatusForbidden, "forbidden", "this key has no active workspace")
+		return apierr.New(http.StatusForbidden, apierr.ReasonForbidden, "this key has no active workspace")
 	case p.Departed():
-		return apierr.New(http.StatusForbidden, "forbidden", "the key's creator has left the organization and holds no grant")
+		return apierr.New(http.StatusForbidden, apierr.ReasonForbidden, "the key's creator has left the organization and holds no grant")
 	}
 	if write && !p.VaultWrites {
-		return apierr.New(http.StatusServiceUnavailable, "vault_writes_disabled", "vault writes are disabled for this organization")
+		return apierr.New(http.StatusServiceUnavailable, apierr.ReasonVaultWritesDisabled, "vault writes are disabled for this organization")
 	}
 	return nil
 }

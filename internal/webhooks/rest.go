@@ -52,7 +52,7 @@ func (h REST) write(w http.ResponseWriter, r *http.Request, status int, m proto.
 
 // read decodes the JSON body into m (unknown fields are refused).
 func read(w http.ResponseWriter, r *http.Request, m proto.Message) error {
-	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
+	body, err := rest.ReadBody(w, r, MaxBody, apierr.ReasonPayloadTooLarge)
 	if err != nil {
 		return err
 	}

@@ -212,7 +212,7 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 		return nil, apierr.Internal(err)
 	}
 	if n >= MaxEndpoints {
-		return nil, apierr.Conflict("too_many_endpoints", "a workspace has at most %d webhook endpoints", MaxEndpoints)
+		return nil, apierr.Conflict(apierr.ReasonTooManyEndpoints, "a workspace has at most %d webhook endpoints", MaxEndpoints)
 	}
 	id := "whep_" + strings.ReplaceAll(uuid.NewString(), "-", "")
 	secret, wrapped, err := s.newSecret(id)

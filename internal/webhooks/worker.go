@@ -184,6 +184,9 @@ func (w *Worker) init() {
 
 func (w *Worker) now() time.Time { return store.Now(w.Now) }
 
+// lease is this worker's lease on the deliveries it attempts (ADR 0952).
+func (w *Worker) lease() store.Lease { return store.Lease{Owner: w.id, Term: w.Lease} }
+
 // Wake asks the worker to look for due deliveries now.
 func (w *Worker) Wake() {
 	w.init()
@@ -435,27 +438,30 @@ func (w *Worker) claim(ctx context.Context, now time.Time, limit int, held map[s
 	}
 	// Replicas claiming at once skip each other's rows.
 	lock := store.SkipLocked(w.DB, "d")
+	take, owner, until := w.lease().Take(now)
+	freeD, _ := store.LeaseFree("d", now)
+	free, _ := store.LeaseFree("", now)
 	// The candidates: the first due deliveries, in due order, of the
 	// workspaces under their bound; twice the claim, so a workspace with
 	// many due rarely hides the others (and a later claim, once it is at
 	// its bound, skips it).
 	scan := 2 * limit
-	args := []any{w.id, now.Add(w.Lease), now}
+	args := []any{owner, until, now}
 	args = append(args, heldArgs...)
 	args = append(args, store.WebhookPending, now, now, true)
 	args = append(args, heldArgs...)
 	args = append(args, w.PerWorkspace, scan, w.PerWorkspace, limit, store.WebhookPending, now)
 	var rows []claimed
-	err := w.DB.NewRaw(`UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ?, attempts = attempts + 1, last_attempt_at = ?
+	err := w.DB.NewRaw(`UPDATE webhook_deliveries SET `+take+`, attempts = attempts + 1, last_attempt_at = ?
 		WHERE id IN (SELECT r.id FROM (
 			SELECT c.id, c.next_attempt_at, c.held + ROW_NUMBER() OVER (PARTITION BY c.workspace_id ORDER BY c.next_attempt_at, c.id) AS slot
 			FROM (SELECT d.id, d.workspace_id, d.next_attempt_at, `+heldSQL+` AS held FROM webhook_deliveries d
-				WHERE d.status = ? AND d.next_attempt_at <= ? AND (d.lease_until IS NULL OR d.lease_until <= ?)
+				WHERE d.status = ? AND d.next_attempt_at <= ? AND `+freeD+`
 				AND d.endpoint_id IN (SELECT e.id FROM webhook_endpoints e WHERE e.enabled = ?)
 				AND `+heldSQL+` < ?
 				ORDER BY d.next_attempt_at LIMIT ?`+lock+`) c) r
 			WHERE r.slot <= ? ORDER BY r.slot, r.next_attempt_at LIMIT ?)
-		AND status = ? AND (lease_until IS NULL OR lease_until <= ?)
+		AND status = ? AND `+free+`
 		RETURNING id, workspace_id, endpoint_id, payload, attempts, created_at`, args...).Scan(ctx, &rows)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
@@ -649,11 +655,12 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 func (w *Worker) record(ctx context.Context, r claimed, o outcome) (string, error) {
 	now := w.now()
 	result := "retry"
-	q := w.DB.NewUpdate().Model((*store.WebhookDelivery)(nil)).
-		Set("lease_owner = NULL, lease_until = NULL, last_status_code = ?, last_error = ?", o.code, o.errText).
-		// Only the claim this worker holds: a lease that ran out and was
-		// taken by another worker is that worker's to record.
-		Where("id = ? AND lease_owner = ? AND attempts = ?", r.ID, w.id, r.Attempts)
+	// Only the claim this worker holds: a lease that ran out and was taken
+	// by another worker is that worker's to record. A delivery's owner is
+	// its attempt in flight: it goes with the lease.
+	q := w.lease().Release(w.DB.NewUpdate().Model((*store.WebhookDelivery)(nil))).
+		Set("lease_owner = NULL, last_status_code = ?, last_error = ?", o.code, o.errText).
+		Where("id = ? AND attempts = ?", r.ID, r.Attempts)
 	switch {
 	case o.errText == "" && o.code >= 200 && o.code < 300:
 		q = q.Set("status = ?, delivered_at = ?", store.WebhookSucceeded, now)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
+	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/rest"
 )
@@ -81,7 +82,7 @@ type REST struct {
 // Create handles POST /api/v1/workspaces and answers 201 {"data": workspace}.
 func (h REST) Create(w http.ResponseWriter, r *http.Request) {
 	p := auth.From(r.Context())
-	body, err := rest.ReadBody(w, r, MaxBody, "payload_too_large")
+	body, err := rest.ReadBody(w, r, MaxBody, apierr.ReasonPayloadTooLarge)
 	if err != nil {
 		rest.WriteError(w, r, err, false)
 		return

@@ -83,10 +83,10 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 			return nil, apierr.Internal(err)
 		}
 		if explicitSlug {
-			return nil, apierr.Conflict("conflict", "slug %q is already used by a workspace of this organization", w.Slug)
+			return nil, apierr.Conflict(apierr.ReasonConflict, "slug %q is already used by a workspace of this organization", w.Slug)
 		}
 		if attempt >= 50 {
-			return nil, apierr.Conflict("conflict", "could not derive a free slug from the name: send a slug")
+			return nil, apierr.Conflict(apierr.ReasonConflict, "could not derive a free slug from the name: send a slug")
 		}
 		w.Slug = withSuffix(base, attempt+1)
 	}

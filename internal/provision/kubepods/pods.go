@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/provision"
 )
 
@@ -483,11 +484,7 @@ func (b *Backend) podAgent(name string) (provision.AgentRun, error) {
 	if b.Config.AgentModules == "" {
 		return provision.AgentRun{}, fmt.Errorf("agent %q: the known third-party agents run in Pods only with --kube-agent-modules, their node_modules in the image (docs/kubernetes.md)", name)
 	}
-	for i := range run.Flags {
-		if run.Flags[i] == "--agent-modules" && i+1 < len(run.Flags) {
-			run.Flags[i+1] = b.Config.AgentModules
-		}
-	}
+	run.Launch.Modules = b.Config.AgentModules
 	return run, nil
 }
 
@@ -528,12 +525,9 @@ func (b *Backend) podEnv(in provision.Spec, tag string, run provision.AgentRun) 
 // read-only root filesystem, with no service-account token; the daemon
 // secret comes from the Secret, never from the spec.
 func (b *Backend) podFor(in provision.Spec, tag string, run provision.AgentRun) *corev1.Pod {
-	args := []string{"intern", "--listen", "$(POD_IP):" + strconv.Itoa(DaemonPort), "--data-dir", podDataDir,
-		"--intern-id", in.ID, "--model", in.Model, "--gateway-url", b.Config.GatewayURL}
-	if b.InteractionDeadline > 0 {
-		args = append(args, "--interaction-deadline", b.InteractionDeadline.String())
-	}
-	args = append(args, run.Flags...)
+	d := launch.Daemon{Listen: "$(POD_IP):" + strconv.Itoa(DaemonPort), DataDir: podDataDir, InternID: in.ID, Model: in.Model,
+		GatewayURL: b.Config.GatewayURL, InteractionDeadline: max(b.InteractionDeadline, 0), Agent: run.Launch}
+	args := append([]string{"intern"}, d.Args()...)
 	no, yes := false, true
 	uid := int64(podUID)
 	tmp := podTmpSize(b.Config.TmpSize, in.Limits)

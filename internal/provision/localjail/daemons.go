@@ -18,12 +18,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/spawn"
@@ -420,17 +422,13 @@ func (b *Backend) startShared(ctx context.Context, spec provision.Spec, dir, sec
 	if err != nil {
 		return nil, "", err
 	}
-	args := append(append([]string{}, argv[1:]...), "intern", "--listen", "127.0.0.1:0", "--data-dir", dir,
-		"--intern-id", spec.ID, "--model", spec.Model)
 	run, err := b.Agents.For(spec.Agent, false)
 	if err != nil {
 		return nil, "", err
 	}
-	args = append(args, b.daemonFlags()...)
-	args = append(args, run.Flags...)
-	if b.GatewayURL != "" {
-		args = append(args, "--gateway-url", b.GatewayURL)
-	}
+	d := b.daemon(spec.ID, spec.Model, run)
+	d.Listen, d.DataDir, d.GatewayURL = "127.0.0.1:0", dir, b.GatewayURL
+	args := append(append(slices.Clone(argv[1:]), "intern"), d.Args()...)
 	cmd := exec.Command(argv[0], args...)
 	// The secret goes by environment, never on the command line (ps shows that).
 	cmd.Env = append(daemonEnviron(os.Environ()), "COHORT_INTERN_SECRET="+secret)
@@ -476,15 +474,12 @@ func (b *Backend) startShared(ctx context.Context, spec provision.Spec, dir, sec
 	return proc, base, nil
 }
 
-// daemonFlags are the `cohort intern` flags every local daemon gets, jailed
-// or not, besides its agent's (agentFor).
-func (b *Backend) daemonFlags() []string {
-	var args []string
-	if b.InteractionDeadline > 0 {
-		args = append(args, "--interaction-deadline", b.InteractionDeadline.String())
+// daemon is the launch every local daemon gets, jailed or not, with its
+// agent's part; the caller adds where it listens.
+func (b *Backend) daemon(id, model string, run provision.AgentRun) launch.Daemon {
+	d := launch.Daemon{InternID: id, Model: model, InteractionDeadline: max(b.InteractionDeadline, 0), Agent: run.Launch}
+	if b.Jail == nil {
+		d.HTTPToolCAFile = b.HTTPToolCAFile
 	}
-	if b.HTTPToolCAFile != "" && b.Jail == nil {
-		args = append(args, "--http-tool-ca-file", b.HTTPToolCAFile)
-	}
-	return args
+	return d
 }

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -214,15 +215,15 @@ func jailUID(internID string) int {
 // DaemonJail describes the jail of one intern's daemon: the local
 // provisioner's, and `cohort intern --jail`'s on a remote host.
 type DaemonJail struct {
-	InternID, Model string
+	// Daemon is the daemon's launch, its intern's id and model; Spec sets
+	// where it listens, its directory and its gateway (the relays').
+	Daemon launch.Daemon
 	// HostDir is the intern's directory on the host, the jail's /intern.
 	HostDir string
 	// Self is the argv that runs `cohort intern` on the host (cohort or
 	// cohort-intern); its binary is bound into the jail on its own and is
 	// the jail's init (this process's own: /proc/self/exe).
 	Self []string
-	// DaemonArgs are further `cohort intern` flags (agent command, bounds).
-	DaemonArgs []string
 	// Upstream, when set, is this jail's own model endpoint (a third-party
 	// agent's provider): its model relay goes there, with UpstreamKey's
 	// value in place of the placeholder, instead of the gateway's endpoint.
@@ -240,22 +241,22 @@ type DaemonJail struct {
 func (o DaemonJail) Spec() jail.Spec {
 	uid := jail.ProgramUID
 	if os.Geteuid() == 0 {
-		uid = jailUID(o.InternID)
+		uid = jailUID(o.Daemon.InternID)
 	}
 	args := []string{binPath}
 	if len(o.Self) > 1 {
 		args = append(args, o.Self[1:]...)
 	}
 	proxy := fmt.Sprintf("http://127.0.0.1:%d", PortInternet)
-	args = append(args, "intern", "--listen-fd", "3", "--secret-fd", "4", "--data-dir", InternDir,
-		"--intern-id", o.InternID, "--model", o.Model,
-		"--gateway-url", fmt.Sprintf("http://127.0.0.1:%d/api/v1", PortGateway), "--http-tool-proxy", proxy)
-	args = append(args, o.DaemonArgs...)
+	d := o.Daemon
+	d.Listen, d.ListenFD, d.SecretFD, d.DataDir = "", 3, 4, InternDir
+	d.GatewayURL, d.HTTPToolProxy = fmt.Sprintf("http://127.0.0.1:%d/api/v1", PortGateway), proxy
 	files := []jail.File{}
 	if o.HTTPToolCA != "" {
 		files = append(files, jail.File{Dst: httpToolCAPath, Content: o.HTTPToolCA})
-		args = append(args, "--http-tool-ca-file", httpToolCAPath)
+		d.HTTPToolCAFile = httpToolCAPath
 	}
+	args = append(append(args, "intern"), d.Args()...)
 	env := []string{
 		"PATH=/run/cohort/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=" + InternDir + "/home", "TMPDIR=/tmp", "LANG=C.UTF-8", "USER=intern", "LOGNAME=intern",
@@ -315,7 +316,7 @@ func (o DaemonJail) Spec() jail.Spec {
 	if os.Geteuid() != 0 {
 		// A gateway that is not root runs each intern as its own id of the
 		// gateway user's subordinate range, never as that user.
-		spec.SubID = jailUID(o.InternID)
+		spec.SubID = jailUID(o.Daemon.InternID)
 	}
 	if o.Control != "" {
 		spec.Control, spec.Orphan, spec.Tag = o.Control, o.Orphan, jailTag(spec)
@@ -402,7 +403,7 @@ func (o DaemonJail) Attach(output io.Writer) (*jail.Jail, error) {
 // serveRelays serves the jail's relay connections while it is attached,
 // each counted against the intern's cap by the relay.
 func (o DaemonJail) serveRelays(j *jail.Jail) {
-	serveRelays(o.InternID, o.Relay, o.Upstream, o.UpstreamKey, j.Accept)
+	serveRelays(o.Daemon.InternID, o.Relay, o.Upstream, o.UpstreamKey, j.Accept)
 }
 
 // serveRelays serves each connection accept yields until it fails.
@@ -440,7 +441,7 @@ func (b *Backend) daemonJail(id, model, agent string, own store.InternLimits, ho
 	if err != nil {
 		return DaemonJail{}, err
 	}
-	o := DaemonJail{InternID: id, Model: model, HostDir: hostDir, Self: self, DaemonArgs: append(b.daemonFlags(), run.Flags...),
+	o := DaemonJail{Daemon: b.daemon(id, model, run), HostDir: hostDir, Self: self,
 		Control: b.controlPath(id), JailConfig: *b.Jail}
 	// In the jail's Spec, so in its tag: a jail of other limits is not
 	// adopted but replaced.
@@ -448,8 +449,8 @@ func (b *Backend) daemonJail(id, model, agent string, own store.InternLimits, ho
 	if run.Upstream != "" {
 		o.Upstream, o.UpstreamKey = run.Upstream, b.Agents.ModelKeyFor(id, run)
 	}
-	if run.Modules != "" {
-		o.ReadOnly = append(slices.Clone(o.ReadOnly), run.Modules)
+	if m := run.Launch.Modules; m != "" {
+		o.ReadOnly = append(slices.Clone(o.ReadOnly), m)
 	}
 	return o, nil
 }

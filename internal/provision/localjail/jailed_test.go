@@ -2,11 +2,17 @@ package localjail
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/provision"
+	"github.com/cohort-dev/cohort/internal/store"
 )
 
 func TestJailConfigCheckRefusesBindsUnderHiddenPaths(t *testing.T) {
@@ -48,7 +54,7 @@ func (specRelay) InJailModelURL(addr string) string { return "http://" + addr + 
 // neither (ADR 0932).
 func TestSpecCABundle(t *testing.T) {
 	const ca = "-----BEGIN CERTIFICATE-----\nMIIBproxyca\n-----END CERTIFICATE-----\n"
-	dj := DaemonJail{InternID: "2d0f1c1e-0000-4000-8000-000000000001", Model: "m", HostDir: t.TempDir(), Self: []string{"/bin/true"},
+	dj := DaemonJail{Daemon: launch.Daemon{InternID: "2d0f1c1e-0000-4000-8000-000000000001", Model: "m"}, HostDir: t.TempDir(), Self: []string{"/bin/true"},
 		JailConfig: JailConfig{Relay: specRelay{}, ProxyCA: ca}}
 	spec := dj.Spec()
 	var bundle string
@@ -79,5 +85,32 @@ func TestSpecCABundle(t *testing.T) {
 		if strings.HasPrefix(e, "SSL_CERT_FILE=") {
 			t.Fatalf("without the CA: %s", e)
 		}
+	}
+}
+
+// A jail's argv is part of its tag: the same settings must encode to the
+// same argv, or an upgraded gateway replaces every jail it could adopt
+// (ADR 0951). The argv here is the one gateways wrote before launch.Daemon.
+func TestJailArgvStable(t *testing.T) {
+	mods := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(mods, ".bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mods, ".bin", "codex-acp"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{DataDir: t.TempDir(), InteractionDeadline: 3 * time.Minute, HTTPToolCAFile: "/ca.pem",
+		Agents: provision.Agents{Catalog: agents.Catalog{Modules: mods, AuthMethods: map[string]string{"codex": "openai"}}},
+		Jail:   &JailConfig{Relay: specRelay{}, HTTPToolCA: "PEM"}}
+	dj, err := b.daemonJail("i-1", "m-1", "codex", store.InternLimits{}, t.TempDir(), []string{"/usr/bin/cohort", "sub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "/run/cohort/bin/cohort sub intern --listen-fd 3 --secret-fd 4 --data-dir /intern --intern-id i-1 --model m-1" +
+		" --gateway-url http://127.0.0.1:7102/api/v1 --http-tool-proxy http://127.0.0.1:7103 --interaction-deadline 3m0s" +
+		" --agent codex --agent-modules " + mods + " --agent-key-placeholder " + agents.KeyPlaceholder + " --agent-auth-method openai" +
+		" --http-tool-ca-file /run/cohort/http-tool-ca.pem"
+	if got := strings.Join(dj.Spec().Argv, " "); got != want {
+		t.Fatalf("argv\n%s\nwant\n%s", got, want)
 	}
 }

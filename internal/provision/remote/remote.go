@@ -82,7 +82,7 @@ func Register(ctx context.Context, p *provision.Provisioner, internID, daemonURL
 	hctx, cancel := context.WithTimeout(ctx, healthTimeout(p))
 	defer cancel()
 	if err := p.Healthy(hctx, daemonURL, secret); err != nil {
-		return nil, apierr.New(http.StatusBadGateway, "intern_unreachable", "the daemon did not answer Status with this secret: %s", connect.CodeOf(err))
+		return nil, apierr.New(http.StatusBadGateway, apierr.ReasonInternUnreachable, "the daemon did not answer Status with this secret: %s", connect.CodeOf(err))
 	}
 	if err := p.Record(ctx, internID, strings.TrimRight(daemonURL, "/"), secret, Name); err != nil {
 		return nil, apierr.Internal(err)

@@ -1,4 +1,4 @@
-package internd
+package launch
 
 import (
 	"crypto/hmac"
