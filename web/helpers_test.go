@@ -190,7 +190,7 @@ func setState(t *testing.T, db *bun.DB, id, state string) {
 
 // refusal is a daemon error as the daemon sends it: a Connect error with
 // the spec's reason in a cohort.v1.ErrorDetail.
-func refusal(status int, reason, msg string) error {
+func refusal(status int, reason apierr.Reason, msg string) error {
 	return apierr.ToConnect(apierr.New(status, reason, "%s", msg))
 }
 
