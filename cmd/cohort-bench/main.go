@@ -11,6 +11,7 @@
 //	go run ./cmd/cohort-bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	go run ./cmd/cohort-bench sse-serve    a bare Go SSE server, the reference (child)
 //	go run ./cmd/cohort-bench mock-daemon  an intern daemon that streams its schedule at once (child)
+//	go run ./cmd/cohort-bench floor-relay  a bare relay hop (tcp) or bare SSE relay hop (sse) in front of the model, e2e's floor (child)
 package main
 
 import (
@@ -79,6 +80,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchNeighbour(ctx, args[1:], stdout, stderr)
 	case "mock-model":
 		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
+	case "floor-relay":
+		return floorRelay(ctx, args[1:], stdout)
 	case "sse-serve":
 		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
 	case "mock-daemon":
