@@ -92,9 +92,8 @@ type item struct {
 // which it must do at once.
 //
 // The server-wide read and write deadlines are cleared for the stream (a
-// stream outlives any request timeout); instead each write gets a deadline
-// at least WriteTimeout away (writeDeadline), so one stuck client cannot
-// hold a goroutine for ever.
+// stream outlives any request timeout); instead each write gets its own
+// deadline, so one stuck client cannot hold a goroutine for ever.
 func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) error {
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
@@ -118,9 +117,8 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	defer close(stop)
 	go pump(src, items, stop)
 
-	var dl writeDeadline
 	write := func(b []byte) error {
-		dl.extend(rc, time.Now(), opt.writeTimeout())
+		_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
 		if _, err := w.Write(b); err != nil {
 			return err
 		}
@@ -179,21 +177,6 @@ func Serve(w http.ResponseWriter, r *http.Request, src Source, opt Options) erro
 	}
 }
 
-// writeDeadline moves a stream's write deadline forward only when less
-// than the write timeout d is left: then to now + 5/4·d. Each write thus
-// has between d and 5/4·d, and a paced stream sets the deadline about once
-// per d/4 instead of once per chunk: setting it (a timer modified in the
-// runtime's poller) was 12% of the gateway's CPU per paced chunk (ADR 0991).
-type writeDeadline struct{ at time.Time }
-
-func (w *writeDeadline) extend(rc *http.ResponseController, now time.Time, d time.Duration) {
-	if w.at.Sub(now) >= d {
-		return
-	}
-	w.at = now.Add(d + d/4)
-	_ = rc.SetWriteDeadline(w.at)
-}
-
 // maxBatch bounds the bytes written in one batch.
 const maxBatch = 32 << 10
 
@@ -222,12 +205,11 @@ func serveDirect(w http.ResponseWriter, rc *http.ResponseController, src Direct,
 		stopped bool
 		kaErr   error
 		buf     []byte
-		dl      writeDeadline
 	)
 	// send is called with mu held; write is send with a flush.
 	send := func(b []byte, flush bool) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(opt.writeTimeout()))
 		last = time.Now()
-		dl.extend(rc, last, opt.writeTimeout())
 		if _, err := w.Write(b); err != nil {
 			return err
 		}

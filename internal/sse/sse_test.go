@@ -503,9 +503,9 @@ type endless struct{ c *cohortv1.ChatCompletionChunk }
 func (e endless) Next() (*cohortv1.ChatCompletionChunk, error) { return e.c, nil }
 
 // A caller that stops reading mid-stream ends the stream with an error once
-// the socket's buffers are full: the write deadline is set although it is
-// no longer moved on every write (ADR 0991). Both the pumped and the direct
-// path; without any deadline Serve would block for ever.
+// the socket's buffers are full and a write's deadline passes, on the
+// pumped and the direct path; without the deadline Serve would block for
+// ever.
 func TestStuckCallerEndsStream(t *testing.T) {
 	t.Parallel()
 	big := text("m", strings.Repeat("x", 16<<10))
