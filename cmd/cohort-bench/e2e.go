@@ -222,8 +222,10 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// 2. Paced streams: one chunk per interval, so nothing can merge; the
 	// paths in turn, each round a few streams at once.
 	pcpu := make(map[*e2eTarget]map[string]time.Duration)
+	pruns := make(map[*e2eTarget]map[string]int64)
 	for _, t := range targets {
 		pcpu[t] = map[string]time.Duration{}
+		pruns[t] = map[string]int64{}
 	}
 	// A new session per stream: streams at once cannot share one session.
 	pacedTargets := append(append([]*e2eTarget{direct}, floors...), cnew)
@@ -235,7 +237,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	for range *rounds {
 		for _, t := range pacedTargets {
-			s0 := e2eSnap(procs)
+			s0, r0 := e2eSnap(procs), e2eRuns(procs)
 			var wg sync.WaitGroup
 			errc := make(chan error, *streams)
 			for k := range *streams {
@@ -259,9 +261,12 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			default:
 			}
 			time.Sleep(50 * time.Millisecond) // what follows a stream's end is its own
-			s1 := e2eSnap(procs)
+			s1, r1 := e2eSnap(procs), e2eRuns(procs)
 			for name, v := range s1 {
 				pcpu[t][name] += v - s0[name]
+			}
+			for name, v := range r1 {
+				pruns[t][name] += v - r0[name]
 			}
 		}
 	}
@@ -285,6 +290,19 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				sum += per[name]
 			}
 			perChunk[t] = sum / time.Duration(chunks)
+		}
+		fmt.Fprintf(stdout, "\n== threads put on a CPU per paced model chunk (schedstat; wake-ups and preemptions, a turn's share included)\n")
+		for _, t := range pacedTargets {
+			var parts []string
+			total := 0.0
+			for _, p := range procs {
+				v := float64(pruns[t][p.name]) / float64(chunks)
+				if slices.Contains(t.own, p.name) {
+					total += v
+				}
+				parts = append(parts, fmt.Sprintf("%s %.2f", p.name, v))
+			}
+			fmt.Fprintf(stdout, "%-34s path %-6.2f (%s)\n", t.name, total, strings.Join(parts, ", "))
 		}
 	}
 	if len(floors) > 0 {
@@ -348,14 +366,27 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	// 4. Scale: N paced streams at once through each path.
 	if *scale != "" {
-		scaleTargets := []*e2eTarget{cnew}
+		// The model directly first: the bar as this machine can meet it.
+		scaleTargets := []*e2eTarget{direct}
 		if len(floors) > 0 {
-			scaleTargets = append([]*e2eTarget{floors[1]}, scaleTargets...)
+			scaleTargets = append(scaleTargets, floors[1])
 		}
+		scaleTargets = append(scaleTargets, cnew)
 		if peer != nil {
 			scaleTargets = append(scaleTargets, targets[len(targets)-1])
 		}
-		if err := e2eScale(ctx, stdout, scaleTargets, procs, *scale, *scaleChunks, *scaleInterval, *scaleRamp); err != nil {
+		perTurn := map[*e2eTarget]time.Duration{}
+		for _, t := range scaleTargets {
+			for _, name := range t.own {
+				if *turns > 0 {
+					perTurn[t] += cpu[t][name] / time.Duration(*turns)
+				}
+			}
+		}
+		if *turns == 0 {
+			perTurn = nil
+		}
+		if err := e2eScale(ctx, stdout, scaleTargets, procs, perTurn, *scale, *scaleChunks, *scaleInterval, *scaleRamp); err != nil {
 			return err
 		}
 	}
