@@ -9,7 +9,7 @@ import (
 // says otherwise. Each serves one intern and per model chunk does a read,
 // a little decoding and a write; with a P per core, every wake-up also
 // woke a second thread to spin looking for work, the largest share of the
-// daemon's CPU per paced chunk (ADR 0992). Their parallel work (commands,
+// daemon's CPU per paced chunk (ADR 0991). Their parallel work (commands,
 // tools, a catalog agent) runs in child processes, which this does not cap.
 func oneProc() {
 	if os.Getenv("GOMAXPROCS") == "" {
