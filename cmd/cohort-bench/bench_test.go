@@ -22,7 +22,7 @@ import (
 // commands start their mock servers (`<this binary> mock-model`, …), which
 // must run the command, not the tests.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && slices.Contains([]string{"mock-model", "sse-serve", "mock-daemon"}, os.Args[1]) {
+	if len(os.Args) > 1 && slices.Contains([]string{"mock-model", "sse-serve", "mock-daemon", "floor-relay"}, os.Args[1]) {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()

@@ -47,6 +47,11 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
 	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream); one phase with --profile-dir profiles it alone")
 	childLogs := fs.Bool("child-logs", false, "show the children's logs")
+	floor := fs.Bool("floor", true, "run the floor beside the paths (a bare relay hop and a bare SSE relay hop in front of the model, each its own process) and print every figure as a ratio to it")
+	scale := fs.String("scale", "", "the scale phase's stream counts, in order (e.g. 25,50,100,200): N paced streams at once through each path until one fails the bar; empty: no scale phase")
+	scaleChunks := fs.Int("scale-chunks", 100, "chunks of each stream of the scale phase")
+	scaleInterval := fs.Duration("scale-interval", 20*time.Millisecond, "the model's pace in the scale phase (20ms: 50 tokens/s)")
+	scaleRamp := fs.Duration("scale-ramp", time.Second, "the scale phase's streams start spread over this time")
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -91,6 +96,17 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	stops = append(stops, mock.stop)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
+	var floors []*e2eTarget
+	var floorProcs []e2eProc
+	if *floor {
+		var fstops []func()
+		floors, floorProcs, fstops, err = floorTargets(self, mock.url, hc, logs)
+		if err != nil {
+			return err
+		}
+		stops = append(stops, fstops...)
+	}
 
 	// The peer first: its npm ci may take a while, and a missing node is
 	// reported before the Cohort processes start.
@@ -115,11 +131,11 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		run[strings.TrimSpace(p)] = true
 	}
 
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
 	direct := &e2eTarget{name: "model directly", url: mock.url + "/v1/chat/completions", hc: hc}
 	cnew := &e2eTarget{name: "Cohort, new session", url: c.chatURL, hc: hc, header: http.Header{"Authorization": {"Bearer " + c.key}}}
 	ccont := &e2eTarget{name: "Cohort, continued session", url: c.chatURL, hc: hc, header: cnew.header, continued: true}
-	targets := []*e2eTarget{direct, cnew, ccont}
+	targets := append([]*e2eTarget{direct}, floors...)
+	targets = append(targets, cnew, ccont)
 	if peer != nil {
 		targets = append(targets, peer.targets(hc, mock.url)...)
 	}
@@ -148,6 +164,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if peer != nil {
 		procs = append(procs, e2eProc{"portkey", peer.cmd.Process.Pid}, e2eProc{"portkey-nosleep", peer.nosleep.Process.Pid})
 	}
+	procs = append(procs, floorProcs...)
 	procs = append(procs, e2eProc{"model", mock.cmd.Process.Pid})
 	fmt.Fprintf(stdout, "processes: %s\n", e2eProcNames(procs))
 
@@ -205,11 +222,13 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// 2. Paced streams: one chunk per interval, so nothing can merge; the
 	// paths in turn, each round a few streams at once.
 	pcpu := make(map[*e2eTarget]map[string]time.Duration)
+	pruns := make(map[*e2eTarget]map[string]int64)
 	for _, t := range targets {
 		pcpu[t] = map[string]time.Duration{}
+		pruns[t] = map[string]int64{}
 	}
 	// A new session per stream: streams at once cannot share one session.
-	pacedTargets := []*e2eTarget{direct, cnew}
+	pacedTargets := append(append([]*e2eTarget{direct}, floors...), cnew)
 	if peer != nil {
 		pacedTargets = append(pacedTargets, targets[len(targets)-1]) // the peer without its sleep
 	}
@@ -218,7 +237,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	for range *rounds {
 		for _, t := range pacedTargets {
-			s0 := e2eSnap(procs)
+			s0, r0 := e2eSnap(procs), e2eRuns(procs)
 			var wg sync.WaitGroup
 			errc := make(chan error, *streams)
 			for k := range *streams {
@@ -242,9 +261,12 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			default:
 			}
 			time.Sleep(50 * time.Millisecond) // what follows a stream's end is its own
-			s1 := e2eSnap(procs)
+			s1, r1 := e2eSnap(procs), e2eRuns(procs)
 			for name, v := range s1 {
 				pcpu[t][name] += v - s0[name]
+			}
+			for name, v := range r1 {
+				pruns[t][name] += v - r0[name]
 			}
 		}
 	}
@@ -269,6 +291,44 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			perChunk[t] = sum / time.Duration(chunks)
 		}
+		fmt.Fprintf(stdout, "\n== threads put on a CPU per paced model chunk (schedstat; wake-ups and preemptions, a turn's share included)\n")
+		for _, t := range pacedTargets {
+			var parts []string
+			total := 0.0
+			for _, p := range procs {
+				v := float64(pruns[t][p.name]) / float64(chunks)
+				if slices.Contains(t.own, p.name) {
+					total += v
+				}
+				parts = append(parts, fmt.Sprintf("%s %.2f", p.name, v))
+			}
+			fmt.Fprintf(stdout, "%-34s path %-6.2f (%s)\n", t.name, total, strings.Join(parts, ", "))
+		}
+	}
+	if len(floors) > 0 {
+		fmt.Fprintf(stdout, "\n== ratios to the floor (the same run)\n")
+		if chunks > 0 {
+			hop, sse := perChunk[floors[0]], perChunk[floors[1]]
+			fmt.Fprintf(stdout, "floor per paced chunk: bare relay hop %v, bare SSE relay hop %v\n", us1(hop), us1(sse))
+			for _, t := range pacedTargets {
+				if t == direct || slices.Contains(floors, t) || hop <= 0 || sse <= 0 {
+					continue
+				}
+				fmt.Fprintf(stdout, "%-34s CPU per paced chunk %v = %.1f × the bare relay hop, %.1f × the bare SSE relay hop\n",
+					t.name, us1(perChunk[t]), float64(perChunk[t])/float64(hop), float64(perChunk[t])/float64(sse))
+			}
+		}
+		if *turns > 0 {
+			sseAdded := percentile(floors[1].added, .5)
+			fmt.Fprintf(stdout, "floor time to first chunk added p50: bare relay hop %v, bare SSE relay hop %v\n", us(percentile(floors[0].added, .5)), us(sseAdded))
+			for _, t := range targets {
+				if t == direct || slices.Contains(floors, t) || sseAdded <= 0 {
+					continue
+				}
+				a := percentile(t.added, .5)
+				fmt.Fprintf(stdout, "%-34s time to first chunk added p50 %v = %.1f × the bare SSE relay hop's\n", t.name, us(a), float64(a)/float64(sseAdded))
+			}
+		}
 	}
 	if *guard && chunks > 0 && *turns > 0 {
 		// Go benchmark lines (ns/op), for .ci/benchguard's medians.
@@ -277,6 +337,11 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "BenchmarkE2E/paced_cpu_per_chunk/cohort 1 %d ns/op\n", perChunk[cnew].Nanoseconds())
 		fmt.Fprintf(stdout, "BenchmarkE2E/ttfc_p50/model 1 %d ns/op\n", percentile(direct.ttfc, .5).Nanoseconds())
 		fmt.Fprintf(stdout, "BenchmarkE2E/ttfc_p50/cohort_continued 1 %d ns/op\n", percentile(ccont.ttfc, .5).Nanoseconds())
+		if len(floors) > 0 {
+			fmt.Fprintf(stdout, "BenchmarkE2E/paced_cpu_per_chunk/floor_relay 1 %d ns/op\n", perChunk[floors[0]].Nanoseconds())
+			fmt.Fprintf(stdout, "BenchmarkE2E/paced_cpu_per_chunk/floor_sse 1 %d ns/op\n", perChunk[floors[1]].Nanoseconds())
+			fmt.Fprintf(stdout, "BenchmarkE2E/ttfc_p50/floor_sse 1 %d ns/op\n", percentile(floors[1].ttfc, .5).Nanoseconds())
+		}
 	}
 
 	// 3. Memory per open paced stream.
@@ -299,9 +364,38 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stdout, "%-34s %.1f KB per stream (%s)\n", t.name, total/float64(*open)/1024, strings.Join(parts, ", "))
 		}
 	}
+	// 4. Scale: N paced streams at once through each path.
+	if *scale != "" {
+		// The model directly first: the bar as this machine can meet it.
+		scaleTargets := []*e2eTarget{direct}
+		if len(floors) > 0 {
+			scaleTargets = append(scaleTargets, floors[1])
+		}
+		scaleTargets = append(scaleTargets, cnew)
+		if peer != nil {
+			scaleTargets = append(scaleTargets, targets[len(targets)-1])
+		}
+		perTurn := map[*e2eTarget]time.Duration{}
+		for _, t := range scaleTargets {
+			for _, name := range t.own {
+				if *turns > 0 {
+					perTurn[t] += cpu[t][name] / time.Duration(*turns)
+				}
+			}
+		}
+		if *turns == 0 {
+			perTurn = nil
+		}
+		if err := e2eScale(ctx, stdout, scaleTargets, procs, perTurn, *scale, *scaleChunks, *scaleInterval, *scaleRamp); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(stdout, "\nload average at end: %s\n", e2eLoad())
 	return nil
 }
+
+// us1 rounds d to a tenth of a microsecond.
+func us1(d time.Duration) time.Duration { return d.Round(100 * time.Nanosecond) }
 
 // e2eTarget is one way of calling the model.
 type e2eTarget struct {

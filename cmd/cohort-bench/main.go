@@ -11,6 +11,7 @@
 //	go run ./cmd/cohort-bench mock-model   an OpenAI-compatible model that schedules chunks (child)
 //	go run ./cmd/cohort-bench sse-serve    a bare Go SSE server, the reference (child)
 //	go run ./cmd/cohort-bench mock-daemon  an intern daemon that streams its schedule at once (child)
+//	go run ./cmd/cohort-bench floor-relay  a bare relay hop (tcp) or bare SSE relay hop (sse) in front of the model, e2e's floor (child)
 package main
 
 import (
@@ -37,15 +38,16 @@ const usage = `cohort-bench — load figures of a cohort binary (docs/benchmarks
 
 Usage:
   cohort-bench chat     [flags]  the chat path: time to first chunk, relay cost, throughput, idle streams
-  cohort-bench e2e      [flags]  what a caller pays: the model directly, through Cohort, through a peer gateway
+  cohort-bench e2e      [flags]  what a caller pays: the model directly, the floor (bare relay hops), through
+                                 Cohort, through a peer gateway; --scale: N paced streams at once
   cohort-bench fleet    [flags]  sleeping, waking and awake interns under one gateway
   cohort-bench sessions [flags]  a daemon's and its agent's memory over many sessions;
                                  --gateway: gateway, daemon and agent, through the chat API
   cohort-bench neighbour [flags] a neighbour's latency beside an abusive intern (limits per intern)
 
 Each takes --cohort PATH, the cohort binary to measure; without it ./cmd/cohort is
-built (go build) into a temporary directory first. mock-model, sse-serve and
-mock-daemon are the children it starts.
+built (go build) into a temporary directory first. mock-model, sse-serve,
+mock-daemon and floor-relay are the children it starts.
 
 Run "cohort-bench <command> -h" for a command's flags.
 `
@@ -64,7 +66,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("want chat, e2e, fleet, sessions, neighbour, mock-model, sse-serve or mock-daemon")
+		return errors.New("want chat, e2e, fleet, sessions, neighbour, mock-model, sse-serve, mock-daemon or floor-relay")
 	}
 	switch args[0] {
 	case "chat":
@@ -79,6 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchNeighbour(ctx, args[1:], stdout, stderr)
 	case "mock-model":
 		return benchServe(ctx, http.HandlerFunc(mockModel), stdout)
+	case "floor-relay":
+		return floorRelay(ctx, args[1:], stdout)
 	case "sse-serve":
 		return benchServe(ctx, http.HandlerFunc(bareSSE), stdout)
 	case "mock-daemon":

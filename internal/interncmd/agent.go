@@ -18,6 +18,7 @@ import (
 // Agent runs `cohort agent`: the built-in ACP agent on stdin/stdout. Logs
 // go to stderr, since stdout carries the protocol.
 func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	oneProc()
 	cfg := agent.Config{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -48,6 +48,7 @@ type JailFunc func(ctx context.Context, o Jailed, stdout, stderr io.Writer, log 
 // Intern runs one intern's daemon: `cohort intern`. With --jail it hands
 // the parsed settings to jailed.
 func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed JailFunc) error {
+	oneProc()
 	fs := flag.NewFlagSet("intern", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	self, err := os.Executable()

@@ -496,3 +496,45 @@ func TestDirectFailedKeepaliveClosesSource(t *testing.T) {
 		t.Error("the source was not closed")
 	}
 }
+
+// endless yields the same large chunk for ever.
+type endless struct{ c *cohortv1.ChatCompletionChunk }
+
+func (e endless) Next() (*cohortv1.ChatCompletionChunk, error) { return e.c, nil }
+
+// A caller that stops reading mid-stream ends the stream with an error once
+// the socket's buffers are full and a write's deadline passes, on the
+// pumped and the direct path; without the deadline Serve would block for
+// ever.
+func TestStuckCallerEndsStream(t *testing.T) {
+	t.Parallel()
+	big := text("m", strings.Repeat("x", 16<<10))
+	for name, src := range map[string]sse.Source{"pumped": endless{big}, "direct": &endlessDirect{endless{big}}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			returned := make(chan error, 1)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				returned <- sse.Serve(w, r, src, sse.Options{Keepalive: time.Hour, WriteTimeout: 50 * time.Millisecond})
+			}))
+			defer srv.Close()
+			res, err := http.Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close() // never read
+			select {
+			case err := <-returned:
+				if err == nil {
+					t.Error("Serve reported a complete stream to a caller who stopped reading")
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Serve did not return while its caller stopped reading")
+			}
+		})
+	}
+}
+
+type endlessDirect struct{ endless }
+
+func (endlessDirect) Ready() bool { return true }
+func (endlessDirect) Close()      {}
