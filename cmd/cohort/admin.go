@@ -20,7 +20,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/interns"
-	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/workspaces"
 	"github.com/uptrace/bun"
 )
@@ -571,7 +570,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	e.acc = &accounts.Service{DB: db}
 	e.ws = &workspaces.Service{DB: db}
 	// The operator's limits are the ceiling of an intern's own.
-	e.in = &interns.Service{DB: db, Agents: catalog, Ceiling: store.InternLimits(e.cfg.Fleet.Limits)}
+	e.in = &interns.Service{DB: db, Agents: catalog, Ceiling: e.cfg.Fleet.Limits}
 	return cmd.run(ctx, e)
 }
 

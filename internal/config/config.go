@@ -216,23 +216,29 @@ func (a Agents) Catalog() (agents.Catalog, error) {
 	return cat, nil
 }
 
-// InternLimits are the operator's bounds on one intern's jail.
+// InternLimits bound one intern's jail: the operator's (--intern-*, the
+// ceiling every backend enforces) and an intern's own (stored as its row's
+// limit_* columns; 0 there is the operator's setting, each own bound at
+// most the operator's). Comparable: a change restarts the intern's jail.
+// One type for both, without importing the store (cohort-intern links
+// this package); the jail's mechanism (jail.Limits) and the wire
+// (cohortv1.InternLimits) are converted to at their edges.
 type InternLimits struct {
 	// Memory in bytes, page cache and tmpfs included.
-	Memory int64
+	Memory int64 `bun:"memory,notnull"`
 	// Processes (and threads) at once.
-	Processes int
+	Processes int `bun:"processes,notnull"`
 	// CPUWeight is the relative CPU share, 1–10000; 100 is equal.
-	CPUWeight int
+	CPUWeight int `bun:"cpu_weight,notnull"`
 	// CPUs caps each jail's CPU time at this many CPUs (0: no cap); by
 	// default all of the host's but one (1 on a 1- or 2-CPU host), so that
 	// no intern takes the whole machine.
-	CPUs float64
+	CPUs float64 `bun:"cpus,notnull"`
 	// Tmpfs is the size of /tmp, and of /dev/shm, in bytes.
-	Tmpfs int64
+	Tmpfs int64 `bun:"tmpfs,notnull"`
 	// Disk bounds the intern's directory in bytes (see docs/security.md
 	// for what the host's file system lets it enforce).
-	Disk int64
+	Disk int64 `bun:"disk,notnull"`
 }
 
 // DefaultInternLimits protect a shared host out of the box.

@@ -20,6 +20,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/store"
 )
 
@@ -54,7 +55,7 @@ type Service struct {
 	// Ceiling is the operator's limits for every intern (serve's
 	// --intern-*): an intern's own may only be lower. A 0 field bounds
 	// that limit by the hard maxima alone (MaxLimitMemory, ...).
-	Ceiling store.InternLimits
+	Ceiling config.InternLimits
 }
 
 // AgentChecker validates an intern's agent name; the error says which
@@ -175,7 +176,7 @@ func (s *Service) Create(ctx context.Context, p *auth.Principal, req *cohortv1.C
 	if agent == BuiltinAgent {
 		agent = "" // one spelling of the built-in agent in the rows
 	}
-	var limits store.InternLimits
+	var limits config.InternLimits
 	if err := setLimits(p, s.Ceiling, &limits, req.GetLimits()); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // Bounds of an intern's own limits, whatever the operator's settings: the
@@ -32,7 +32,7 @@ const (
 // the operator's setting; any other value must lie in the bounds above and
 // at or below ceiling's (where that is not 0, unbounded). The error is a
 // 400 naming the field, or a 403 when p is not a management key.
-func setLimits(p *auth.Principal, ceiling store.InternLimits, cur *store.InternLimits, req *cohortv1.InternLimits) error {
+func setLimits(p *auth.Principal, ceiling config.InternLimits, cur *config.InternLimits, req *cohortv1.InternLimits) error {
 	if req == nil {
 		return nil
 	}
@@ -126,8 +126,8 @@ func size(n int64) string {
 }
 
 // limitsProto is the intern's own limits, the fields it sets only.
-func limitsProto(l store.InternLimits) *cohortv1.InternLimits {
-	if l == (store.InternLimits{}) {
+func limitsProto(l config.InternLimits) *cohortv1.InternLimits {
+	if l == (config.InternLimits{}) {
 		return nil
 	}
 	out := &cohortv1.InternLimits{}

@@ -11,6 +11,7 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/testenv"
 )
@@ -35,7 +36,7 @@ func TestInternLimitsRoundTrip(t *testing.T) {
 		if !proto.Equal(in.GetLimits(), want) {
 			t.Fatalf("created with %v, want %v", in.GetLimits(), want)
 		}
-		row := func() store.InternLimits {
+		row := func() config.InternLimits {
 			t.Helper()
 			var r store.Intern
 			if err := e.DB.NewSelect().Model(&r).Where("id = ?", in.GetId()).Scan(ctx); err != nil {
@@ -43,7 +44,7 @@ func TestInternLimitsRoundTrip(t *testing.T) {
 			}
 			return r.Limits
 		}
-		if got := row(); got != (store.InternLimits{Memory: 256 << 20, Processes: 64, CPUs: 0.5, Tmpfs: 16 << 20, Disk: 1 << 20}) {
+		if got := row(); got != (config.InternLimits{Memory: 256 << 20, Processes: 64, CPUs: 0.5, Tmpfs: 16 << 20, Disk: 1 << 20}) {
 			t.Fatalf("row %+v", got)
 		}
 
@@ -63,7 +64,7 @@ func TestInternLimitsRoundTrip(t *testing.T) {
 		if err != nil || !proto.Equal(g.Msg.GetIntern().GetLimits(), want) {
 			t.Fatalf("get: %v %v", g, err)
 		}
-		if got := row(); got != (store.InternLimits{Memory: 512 << 20, Processes: 64, CPUWeight: 50, Tmpfs: 16 << 20, Disk: 1 << 20}) {
+		if got := row(); got != (config.InternLimits{Memory: 512 << 20, Processes: 64, CPUWeight: 50, Tmpfs: 16 << 20, Disk: 1 << 20}) {
 			t.Fatalf("row %+v", got)
 		}
 		// An update of something else leaves the limits alone.
@@ -93,7 +94,7 @@ func TestInternLimitsRoundTrip(t *testing.T) {
 		zero := &cohortv1.InternLimits{MemoryBytes: proto.Int64(0), MaxProcesses: proto.Int32(0), CpuWeight: proto.Int32(0),
 			Cpus: proto.Float64(0), TmpfsBytes: proto.Int64(0), DiskBytes: proto.Int64(0)}
 		u, err = c.UpdateIntern(ctx, authed(e.ManagementKey, &cohortv1.UpdateInternRequest{Id: in.GetId(), Limits: zero}))
-		if err != nil || u.Msg.GetIntern().GetLimits() != nil || row() != (store.InternLimits{}) {
+		if err != nil || u.Msg.GetIntern().GetLimits() != nil || row() != (config.InternLimits{}) {
 			t.Fatalf("cleared: %v %v %+v", u, err, row())
 		}
 	})

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // Backend hosts interns' daemons somewhere: jails on this machine
@@ -73,7 +73,7 @@ type Spec struct {
 	ID, Model, Agent string
 	// Limits are the intern's own (each backend applies them within the
 	// operator's).
-	Limits store.InternLimits
+	Limits config.InternLimits
 	// URL and Secret are the daemon the row records for this backend (""
 	// when none); SecretTag names Secret without revealing it.
 	URL, Secret, SecretTag string

@@ -32,7 +32,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/sse"
-	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/streamdeadline"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/webhooks"
@@ -134,7 +133,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 
 	db, log := d.DB, d.Log
 	// An intern's own limits may only be lower than the operator's.
-	ins := &interns.Service{DB: db, Ceiling: store.InternLimits(cfg.Fleet.Limits)}
+	ins := &interns.Service{DB: db, Ceiling: cfg.Fleet.Limits}
 	if cfg.Agents.Modules != "" || len(catalog.Custom) > 0 {
 		// Without either, the catalog holds the built-in agent alone: nil
 		// says so.

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // Organization is a customer account and its entitlements.
@@ -132,17 +134,5 @@ type Intern struct {
 	// Provisioner is "local" or "remote", or "" before one took the intern.
 	Provisioner string `bun:"provisioner,notnull"`
 	// Limits are the intern's own bounds on its jail (columns limit_*).
-	Limits InternLimits `bun:"embed:limit_"`
-}
-
-// InternLimits are one intern's bounds, each at most the operator's
-// --intern-* setting; 0 is the operator's setting. Comparable: a change
-// restarts the intern's jail.
-type InternLimits struct {
-	Memory    int64   `bun:"memory,notnull"`
-	Processes int     `bun:"processes,notnull"`
-	CPUWeight int     `bun:"cpu_weight,notnull"`
-	CPUs      float64 `bun:"cpus,notnull"`
-	Tmpfs     int64   `bun:"tmpfs,notnull"`
-	Disk      int64   `bun:"disk,notnull"`
+	Limits config.InternLimits `bun:"embed:limit_"`
 }

@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/config"
 )
 
 // annLimits records the intern's own limits a Pod was made with: a Pod of
@@ -19,7 +19,7 @@ const annLimits = "cohort.dev/limits"
 // carries (memory, CPUs, /tmp's size), "" when it has none of them. The
 // others (processes, CPU weight, disk) have no per-Pod equivalent the
 // provisioner sets (ADR 0024).
-func kubeLimits(l store.InternLimits) string {
+func kubeLimits(l config.InternLimits) string {
 	var parts []string
 	if l.Memory > 0 {
 		parts = append(parts, fmt.Sprintf("memory=%d", l.Memory))
@@ -37,7 +37,7 @@ func kubeLimits(l store.InternLimits) string {
 // memory and CPUs where they are lower (or the operator set none): a
 // request above the lowered limit comes down to it, which Kubernetes
 // requires.
-func podResources(requests, limits corev1.ResourceList, own store.InternLimits) corev1.ResourceRequirements {
+func podResources(requests, limits corev1.ResourceList, own config.InternLimits) corev1.ResourceRequirements {
 	req, lim := requests.DeepCopy(), limits.DeepCopy()
 	lower := func(name corev1.ResourceName, q resource.Quantity) {
 		if cur, ok := lim[name]; !ok || q.Cmp(cur) < 0 {
@@ -61,7 +61,7 @@ func podResources(requests, limits corev1.ResourceList, own store.InternLimits) 
 
 // podTmpSize is the size of the Pod's /tmp: the operator's, or the
 // intern's own where lower.
-func podTmpSize(op resource.Quantity, own store.InternLimits) resource.Quantity {
+func podTmpSize(op resource.Quantity, own config.InternLimits) resource.Quantity {
 	if own.Tmpfs > 0 {
 		if q := *resource.NewQuantity(own.Tmpfs, resource.BinarySI); op.IsZero() || q.Cmp(op) < 0 {
 			return q

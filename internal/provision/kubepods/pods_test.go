@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/store"
 )
 
 // An intern Pod's ephemeral volumes carry the configured size limit, and
@@ -48,7 +48,7 @@ func TestPodForInternLimits(t *testing.T) {
 	if _, ok := plain.Annotations[annLimits]; ok {
 		t.Errorf("a Pod of an intern without limits of its own is annotated: %v", plain.Annotations)
 	}
-	in.Limits = store.InternLimits{Memory: 512 << 20, CPUs: 0.25, Tmpfs: 64 << 20, Processes: 100}
+	in.Limits = config.InternLimits{Memory: 512 << 20, CPUs: 0.25, Tmpfs: 64 << 20, Processes: 100}
 	pod := p.podFor(in, "t", provision.AgentRun{})
 	r := pod.Spec.Containers[0].Resources
 	for _, c := range []struct {
@@ -76,7 +76,7 @@ func TestPodForInternLimits(t *testing.T) {
 		t.Errorf("the operator's resources were changed: %v %v", p.Config.Limits, p.Config.Requests)
 	}
 	// Above the operator's: the operator's hold.
-	in.Limits = store.InternLimits{Memory: 8 << 30, CPUs: 3}
+	in.Limits = config.InternLimits{Memory: 8 << 30, CPUs: 3}
 	r = p.podFor(in, "t", provision.AgentRun{}).Spec.Containers[0].Resources
 	if r.Limits.Memory().Cmp(q("4Gi")) != 0 || r.Limits.Cpu().Cmp(q("2")) != 0 {
 		t.Errorf("limits above the operator's raised the Pod's: %v", r.Limits)

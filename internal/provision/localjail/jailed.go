@@ -19,10 +19,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 
@@ -436,7 +436,7 @@ func (o DaemonJail) inJailUpstream() string {
 
 // daemonJail is the backend's jail for an intern running the agent
 // named agent, within the operator's limits and its own.
-func (b *Backend) daemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
+func (b *Backend) daemonJail(id, model, agent string, own config.InternLimits, hostDir string, self []string) (DaemonJail, error) {
 	run, err := b.Agents.For(agent, true)
 	if err != nil {
 		return DaemonJail{}, err
@@ -467,7 +467,7 @@ func (b *Backend) ProbeJail() error {
 		return err
 	}
 	defer jail.RemoveAll(dir) // and its overlay's work directory
-	dj, err := b.daemonJail("probe", "", "", store.InternLimits{}, dir, self)
+	dj, err := b.daemonJail("probe", "", "", config.InternLimits{}, dir, self)
 	if err != nil {
 		return err
 	}

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/store"
 )
 
 func TestJailConfigCheckRefusesBindsUnderHiddenPaths(t *testing.T) {
@@ -102,7 +102,7 @@ func TestJailArgvStable(t *testing.T) {
 	b := &Backend{DataDir: t.TempDir(), InteractionDeadline: 3 * time.Minute, HTTPToolCAFile: "/ca.pem",
 		Agents: provision.Agents{Catalog: agents.Catalog{Modules: mods, AuthMethods: map[string]string{"codex": "openai"}}},
 		Jail:   &JailConfig{Relay: specRelay{}, HTTPToolCA: "PEM"}}
-	dj, err := b.daemonJail("i-1", "m-1", "codex", store.InternLimits{}, t.TempDir(), []string{"/usr/bin/cohort", "sub"})
+	dj, err := b.daemonJail("i-1", "m-1", "codex", config.InternLimits{}, t.TempDir(), []string{"/usr/bin/cohort", "sub"})
 	if err != nil {
 		t.Fatal(err)
 	}

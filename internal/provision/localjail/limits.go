@@ -3,15 +3,15 @@ package localjail
 import (
 	"fmt"
 
+	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/jail"
-	"github.com/cohort-dev/cohort/internal/store"
 )
 
 // internLimits is an intern's jail's limits: the operator's, each lowered
 // to the intern's own where it has one. The operator's stay the ceiling
 // even when lowered after an intern's were set (the API checks them only
 // when they are set).
-func internLimits(op jail.Limits, own store.InternLimits) jail.Limits {
+func internLimits(op jail.Limits, own config.InternLimits) jail.Limits {
 	l := op
 	l.Memory = lower(op.Memory, own.Memory)
 	l.Pids = lower(op.Pids, own.Processes)
