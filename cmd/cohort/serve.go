@@ -297,7 +297,7 @@ func fleetFlags(fs *flag.FlagSet, cfg *config.Config) func() error {
 
 // serveMetrics serves what the gateway counts (server.New set the
 // hooks), in the Prometheus format, on a listener of its own (never the
-// API's). If serving fails, the error goes to errc (nil once stopped).
+// API's). If serving fails, the error goes to errc (a stop is not sent).
 func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.Logger, errc chan<- error) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
