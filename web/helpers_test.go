@@ -101,10 +101,12 @@ func newDaemon(t *testing.T) *daemon {
 	return d
 }
 
-// Client implements chat.Daemons.
-func (d *daemon) Client(context.Context, *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
+// ClientFor and Wake implement turn.Daemons; Wake wakes nobody.
+func (d *daemon) ClientFor(*store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
 	return d.client, nil
 }
+
+func (d *daemon) Wake(_ context.Context, in *store.Intern) (*store.Intern, error) { return in, nil }
 
 func (d *daemon) set(start, answer script) {
 	d.mu.Lock()

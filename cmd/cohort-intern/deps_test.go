@@ -21,6 +21,7 @@ var forbidden = []string{
 	"github.com/cohort-dev/cohort/internal/federation",
 	"github.com/cohort-dev/cohort/internal/webhooks",
 	"github.com/cohort-dev/cohort/internal/chat",
+	"github.com/cohort-dev/cohort/internal/turn",
 	"github.com/cohort-dev/cohort/internal/auth",
 	"cel.dev/cel-go",
 	"github.com/google/cel-go",

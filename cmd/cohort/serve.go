@@ -125,9 +125,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if w := setup.Unsafe(); w != "" {
 		fmt.Fprintln(stderr, "WARNING: "+w)
 	}
+	// The listeners' failures (the API's, the metrics').
+	errc := make(chan error, 2)
 	// New set the metrics hooks; their listener is up before anything runs.
 	if cfg.Server.MetricsListen != "" {
-		stopMetrics, err := serveMetrics(cfg.Server.MetricsListen, srv.Metrics, stdout, log)
+		stopMetrics, err := serveMetrics(cfg.Server.MetricsListen, srv.Metrics, stdout, log, errc)
 		if err != nil {
 			return err
 		}
@@ -146,12 +148,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// A graceful stop hands the background runs over at once and ends
 	// the run event streams, which would otherwise hold Shutdown.
 	hs.RegisterOnShutdown(srv.Drain)
-	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	// A loop that fails, or a listener, stops the gateway as a signal
+	// would, with its error (ADR 0971).
+	var failed error
 	select {
-	case err := <-errc:
-		return err
+	case failed = <-errc:
+	case failed = <-srv.Failed():
 	case <-ctx.Done():
+	}
+	if failed != nil {
+		log.Error("stopping: the gateway cannot go on", "err", failed)
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
@@ -162,7 +169,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Warn("connections still open at the shutdown timeout were closed", "timeout", cfg.Server.ShutdownTimeout.String(), "err", err)
 		hs.Close()
 	}
-	return nil
+	return failed
 }
 
 // localGatewayURL is how a daemon on this machine reaches the gateway's
@@ -187,8 +194,8 @@ func agentEndpoint() (baseURL, apiKey string) {
 
 // serveMetrics serves what the gateway counts (server.New set the
 // hooks), in the Prometheus format, on a listener of its own (never the
-// API's).
-func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.Logger) (func(), error) {
+// API's). If serving fails, the error goes to errc (a stop is not sent).
+func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.Logger, errc chan<- error) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
@@ -196,7 +203,11 @@ func serveMetrics(addr string, m *metrics.Metrics, stdout io.Writer, log *slog.L
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
-	go hs.Serve(ln)
+	go func() {
+		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}()
 	fmt.Fprintf(stdout, "Metrics on http://%s/metrics\n", ln.Addr())
 	log.Info("metrics listening", "addr", ln.Addr().String())
 	return func() { hs.Close() }, nil

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
-	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/federation"
 	"github.com/cohort-dev/cohort/internal/interncmd"
@@ -17,12 +16,13 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/turn"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 )
 
 // The flags of serve, one function per subsystem of config.Config. Each
 // flag's variable is named from the flag (config.EnvName); each default is
-// the package's that owns the setting (chat.DefaultTurnTimeout …), or
+// the package's that owns the setting (turn.DefaultTurnTimeout …), or
 // config.Default's. The operator's policies that `cohort admin` applies too
 // (the agents, the intern limits, the federation's and the webhooks'
 // egress) are declared by the same functions there (ADR 0962).
@@ -110,13 +110,13 @@ func agentFlags(fs *flag.FlagSet, c *config.Agents) {
 }
 
 func chatFlags(fs *flag.FlagSet, c *config.Chat) func() error {
-	config.StringVar(fs, &c.TurnRate, "turn-rate", chat.DefaultTurnRate.Spec(), "chat turns per user or organization: N/s, N/m or N/h[,burst=B]; shared through --redis-url when set")
+	config.StringVar(fs, &c.TurnRate, "turn-rate", turn.DefaultTurnRate.Spec(), "chat turns per user or organization: N/s, N/m or N/h[,burst=B]; shared through --redis-url when set")
 	const positive = "a positive duration such as 30s or 5m"
 	return all(
 		durationFlag(fs, &c.Keepalive, "chat-keepalive", sse.DefaultKeepalive, "silence after which a chat stream or a background run's event stream sends a keepalive (': keepalive'; on Connect a keepalive message) (the spec's 30s)", time.Nanosecond, positive),
-		durationFlag(fs, &c.FirstEventTimeout, "first-event-timeout", chat.DefaultFirstEventTimeout, "request budget: how long a chat request waits for the agent's first event before 504 timeout", time.Nanosecond, positive),
-		durationFlag(fs, &c.EventTimeout, "event-timeout", chat.DefaultEventTimeout, "longest silence of an intern on an open chat stream before the stream ends with a timeout", time.Nanosecond, positive),
-		durationFlag(fs, &c.TurnTimeout, "turn-timeout", chat.DefaultTurnTimeout, "longest a chat request's run may take in all (time paused for an answer excluded) before it ends with a timeout and is cancelled", time.Nanosecond, positive),
+		durationFlag(fs, &c.FirstEventTimeout, "first-event-timeout", turn.DefaultFirstEventTimeout, "request budget: how long a chat request waits for the agent's first event before 504 timeout", time.Nanosecond, positive),
+		durationFlag(fs, &c.EventTimeout, "event-timeout", turn.DefaultEventTimeout, "longest silence of an intern on an open chat stream before the stream ends with a timeout", time.Nanosecond, positive),
+		durationFlag(fs, &c.TurnTimeout, "turn-timeout", turn.DefaultTurnTimeout, "longest a chat request's run may take in all (time paused for an answer excluded) before it ends with a timeout and is cancelled", time.Nanosecond, positive),
 		durationFlag(fs, &c.InteractionDeadline, "interaction-deadline", internd.DefaultInteractionDeadline, "with the local provisioner, how long a question waits for its answer before the run is cancelled", time.Nanosecond, positive),
 	)
 }

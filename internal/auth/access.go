@@ -69,9 +69,10 @@ type Access struct {
 	Admit func(ctx context.Context, p *Principal) error
 	// Lookup, when set, resolves the credential of a REST request in place
 	// of Bearer: a route that reads its own row in the key's query (the
-	// chat door: BearerJoin). The context it returns, derived from ctx, is
-	// the handler's.
-	Lookup func(ctx context.Context, r *http.Request, a *Authenticator) (context.Context, *Principal, error)
+	// chat door: BearerJoin). It returns the handler that serves the
+	// request, bound to what it read (an argument, not a context value:
+	// ADR 0971); the route declares no handler of its own.
+	Lookup func(ctx context.Context, r *http.Request, a *Authenticator) (*Principal, http.Handler, error)
 }
 
 // Check reports a declaration that cannot be enforced.
@@ -128,8 +129,8 @@ func (acc *Access) gate(ctx context.Context, p *Principal) error {
 }
 
 // Handler enforces acc on a REST route: it authenticates, checks the
-// scope and runs Admit before next, which finds the principal in its
-// request's context (From). A refusal is written by writeErr, in the
+// scope and runs Admit before next (or the handler acc.Lookup returned),
+// which finds the principal in its request's context (From). A refusal is written by writeErr, in the
 // route family's error body. Public routes pass straight through.
 func (a *Authenticator) Handler(acc Access, writeErr func(http.ResponseWriter, *http.Request, error), next http.Handler) http.Handler {
 	if acc.Scope == Public {
@@ -139,10 +140,9 @@ func (a *Authenticator) Handler(acc Access, writeErr func(http.ResponseWriter, *
 		ctx := context.WithValue(r.Context(), hostKey{}, r.Host)
 		var p *Principal
 		var err error
+		h := next
 		if acc.Lookup != nil {
-			var lctx context.Context
-			if lctx, p, err = acc.Lookup(ctx, r, a); err == nil {
-				ctx = lctx
+			if p, h, err = acc.Lookup(ctx, r, a); err == nil {
 				err = acc.gate(ctx, p)
 			}
 		} else {
@@ -152,7 +152,7 @@ func (a *Authenticator) Handler(acc Access, writeErr func(http.ResponseWriter, *
 			writeErr(w, r, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(With(ctx, p)))
+		h.ServeHTTP(w, r.WithContext(With(ctx, p)))
 	})
 }
 

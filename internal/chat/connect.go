@@ -9,20 +9,29 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/runs"
+	"github.com/cohort-dev/cohort/internal/turn"
 )
 
 // Handler is the Connect door onto Service: refusals are returned as errors
-// (the apierr interceptor maps them), chunks are sent as they come.
-type Handler struct{ S *Service }
+// (the apierr interceptor maps them), chunks are sent as they come. Runs
+// starts the background runs; nil refuses a request with "background":
+// true.
+type Handler struct {
+	S    *Service
+	Runs *runs.Manager
+}
 
 var _ cohortv1connect.ChatServiceHandler = Handler{}
 
 // StreamChatCompletion opens the stream and relays every chunk.
 func (h Handler) StreamChatCompletion(ctx context.Context, req *connect.Request[cohortv1.StreamChatCompletionRequest], out *connect.ServerStream[cohortv1.StreamChatCompletionResponse]) error {
-	if h.S.background(ctx, req.Msg) {
-		return h.S.startBackground(ctx, auth.From(ctx), req.Msg, out)
+	p := auth.From(ctx)
+	load := h.S.load(ctx, p, req.Msg)
+	if background(ctx, h.Runs, req.Msg) {
+		return startBackground(ctx, h.Runs, p, req.Msg, load, out)
 	}
-	st, err := h.S.Open(ctx, auth.From(ctx), req.Msg)
+	st, err := h.S.Open(ctx, p, req.Msg, load, turn.Options{})
 	if err != nil {
 		return err
 	}
@@ -33,10 +42,10 @@ func (h Handler) StreamChatCompletion(ctx context.Context, req *connect.Request[
 			return nil
 		}
 		if err != nil {
-			return errClientClosed.WithCause(err)
+			return turn.ErrClientClosed.WithCause(err)
 		}
 		if err := out.Send(&cohortv1.StreamChatCompletionResponse{Chunk: c}); err != nil {
-			return errClientClosed.WithCause(err)
+			return turn.ErrClientClosed.WithCause(err)
 		}
 	}
 }

@@ -16,11 +16,11 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/turn"
 )
 
 func exec(t *testing.T, db *bun.DB, q string, args ...any) {
@@ -174,8 +174,8 @@ func TestTurnRate(t *testing.T) {
 func TestRateKey(t *testing.T) {
 	org := &auth.Principal{OrganizationID: "o1", UserID: "u1", KeyKind: store.KeyWorkspace}
 	personal := &auth.Principal{OrganizationID: "o1", UserID: "u1", KeyKind: store.KeyPersonal}
-	if chat.RateKey(org) != "org:o1" || chat.RateKey(personal) != "user:u1" {
-		t.Errorf("%s %s", chat.RateKey(org), chat.RateKey(personal))
+	if turn.RateKey(org) != "org:o1" || turn.RateKey(personal) != "user:u1" {
+		t.Errorf("%s %s", turn.RateKey(org), turn.RateKey(personal))
 	}
 }
 

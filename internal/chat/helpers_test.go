@@ -118,18 +118,21 @@ func (d *daemon) Status(context.Context, *connect.Request[interndv1.StatusReques
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("not scripted"))
 }
 
-// daemons implements chat.Daemons with the scripted daemon, or an error.
+// daemons implements turn.Daemons with the scripted daemon, or an error.
 type daemons struct {
 	d   *daemon
 	err error
 }
 
-func (x daemons) Client(ctx context.Context, in *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
+func (x daemons) ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error) {
 	if x.err != nil {
 		return nil, x.err
 	}
 	return x.d.client, nil
 }
+
+// Wake wakes nobody: a sleeping intern stays asleep.
+func (x daemons) Wake(ctx context.Context, in *store.Intern) (*store.Intern, error) { return in, nil }
 
 // Events the scripts send.
 func started(session string) *interndv1.RunEvent {

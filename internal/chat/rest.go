@@ -15,40 +15,47 @@ import (
 	"github.com/cohort-dev/cohort/internal/auth"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/rest"
+	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/sse"
+	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/turn"
 )
 
 // REST is the OpenAI-compatible door:
 // POST /api/v1/interns/{internId}/chat/completions, JSON in, SSE out. The
 // route is declared (internal/server) with Lookup as its credential lookup
-// and Service.Admit as its caller check: both run before Completions.
+// and Service.Admit as its caller check: both run before the handler Lookup
+// returns.
 type REST struct {
 	S *Service
+	// Runs starts the background runs; nil refuses a request with
+	// "background": true.
+	Runs *runs.Manager
 	// SSE tunes the stream (keepalive interval, write deadline).
 	SSE sse.Options
 }
 
-type preloadedKey struct{}
-
 // Lookup resolves the route's credential and reads the intern's row in
 // the same query: the turn's only database round trip before the daemon
-// is called. The row travels to Completions in the returned context.
-func (h REST) Lookup(ctx context.Context, r *http.Request, a *auth.Authenticator) (context.Context, *auth.Principal, error) {
+// is called. It returns the chat route's handler for the request, bound to
+// that row (ADR 0971).
+func (h REST) Lookup(ctx context.Context, r *http.Request, a *auth.Authenticator) (*auth.Principal, http.Handler, error) {
 	p, pl, err := h.S.Interns.Authenticate(ctx, a, r.Header.Get("Authorization"), r.PathValue("internId"))
 	if err != nil {
 		return nil, nil, err
 	}
-	return context.WithValue(ctx, preloadedKey{}, pl), p, nil
+	return p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.completions(w, r, pl) }), nil
 }
 
-// Completions handles the chat route. Every refusal before the daemon's
-// first event is the spec's JSON error body (with metadata.reason except for
-// 401, the departed-creator 403 and the programme 404); after it, the
-// response is a 200 event stream.
-func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
+// completions handles the chat route for the intern's row pl, read with
+// the key. Every refusal before the daemon's first event is the spec's
+// JSON error body (with metadata.reason except for 401, the
+// departed-creator 403 and the programme 404); after it, the response is
+// a 200 event stream.
+func (h REST) completions(w http.ResponseWriter, r *http.Request, pl interns.Preloaded) {
 	ctx := r.Context()
 	p := auth.From(ctx)
-	body, err := rest.ReadBody(w, r, MaxBody, apierr.ReasonPayloadTooLarge)
+	body, err := rest.ReadBody(w, r, turn.MaxBody, apierr.ReasonPayloadTooLarge)
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return
@@ -59,16 +66,12 @@ func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.InternId = r.PathValue("internId")
-	if h.S.background(ctx, req) {
-		h.background(w, r, p, req)
+	load := func() (*store.Intern, error) { return pl.Get(p) }
+	if background(ctx, h.Runs, req) {
+		h.background(w, r, p, req, load)
 		return
 	}
-	var st *Stream
-	if pl, ok := ctx.Value(preloadedKey{}).(interns.Preloaded); ok {
-		st, err = h.S.OpenPreloaded(ctx, p, req, pl)
-	} else {
-		st, err = h.S.Open(ctx, p, req)
-	}
+	st, err := h.S.Open(ctx, p, req, load, turn.Options{})
 	if err != nil {
 		rest.WriteError(w, r, err, true)
 		return
@@ -79,6 +82,23 @@ func (h REST) Completions(w http.ResponseWriter, r *http.Request) {
 	if err := sse.Serve(w, r, st, h.SSE); err != nil {
 		accesslog.LoggerFrom(ctx).InfoContext(ctx, "chat stream stopped early", "reason", "client_closed_request", "err", err)
 	}
+}
+
+// background answers a REST request with "background": true: 202 and
+// the run object.
+func (h REST) background(w http.ResponseWriter, r *http.Request, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) {
+	if h.Runs == nil {
+		rest.WriteError(w, r, errNoBackground, true)
+		return
+	}
+	res, err := h.Runs.Start(r.Context(), p, req, load)
+	if err != nil {
+		rest.WriteError(w, r, err, true)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	w.Write(append(res.JSON, '\n'))
 }
 
 // DecodeRequest parses the JSON body of the REST door into the typed
@@ -121,7 +141,7 @@ func DecodeRequest(body []byte) (*cohortv1.StreamChatCompletionRequest, error) {
 	if mode != nil {
 		if *mode == "" {
 			// An explicit empty string is not the omitted default.
-			return nil, apierr.BadRequest("approval_mode must be %q or %q", ModeManual, ModeSelfDrive)
+			return nil, apierr.BadRequest("approval_mode must be %q or %q", turn.ModeManual, turn.ModeSelfDrive)
 		}
 		req.ApprovalMode = *mode
 	}

@@ -4,7 +4,7 @@
 // is opened or written; server.New builds the whole gateway from it.
 // Errors about a field name its flag (Setting).
 //
-// A subsystem's defaults are its package's (chat.DefaultTurnTimeout,
+// A subsystem's defaults are its package's (turn.DefaultTurnTimeout,
 // runs.DefaultLease …): a zero field here takes them, and the flags show
 // them. Default sets only what no package owns (ADR 0961).
 package config
@@ -117,7 +117,7 @@ type Agents struct {
 type Chat struct {
 	// TurnRate is the chat turn limit per user or organization, "N/s",
 	// "N/m" or "N/h", optionally ",burst=B"; shared through Redis when
-	// Store.RedisURL is set. Empty: chat.DefaultTurnRate.
+	// Store.RedisURL is set. Empty: turn.DefaultTurnRate.
 	TurnRate string
 	// Keepalive is the silence after which a chat stream sends a keepalive
 	// comment; FirstEventTimeout the request budget until the agent's first

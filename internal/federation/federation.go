@@ -176,15 +176,17 @@ func (s *Service) settings() Settings {
 // Run does the periodic work until ctx ends: it creates the next signing
 // key on schedule, writes pending audit rows, forgets idle key stores and
 // deletes audit rows past retention. `cohort serve` runs it; everything it
-// does also happens lazily when needed, so tests need not.
-func (s *Service) Run(ctx context.Context) {
+// does also happens lazily when needed, so tests need not. A pass that
+// fails is logged and tried again; Run returns nil when ctx ends (the
+// gateway's loops, ADR 0971).
+func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	s.Maintain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 			s.Maintain(ctx)
 		}

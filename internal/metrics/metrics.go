@@ -94,7 +94,7 @@ func (m *Metrics) Request(route, method string, status int, took time.Duration) 
 	m.duration.WithLabelValues(route, method).Observe(took.Seconds())
 }
 
-// Opened, Closed, Refused and Finished implement chat.Observer.
+// Opened, Closed, Refused and Finished implement turn.Observer.
 func (m *Metrics) Opened(firstEvent time.Duration) {
 	m.firstEvent.Observe(firstEvent.Seconds())
 	m.open.Inc()

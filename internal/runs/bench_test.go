@@ -177,7 +177,7 @@ func BenchmarkRunsLook(b *testing.B) {
 	benchDBs(b, func(b *testing.B, open func(testing.TB) *bun.DB) {
 		db := open(b)
 		f := newFixture(b, db, nil)
-		holder, looker := f.e.Server.Runs, runs.New(db, f.e.Server.Chat, f.e.Server.Interns, nil, runs.Config{})
+		holder, looker := f.e.Server.Runs, runs.New(db, f.e.Server.Chat.Service, f.e.Server.Interns, nil, runs.Config{})
 		b.Cleanup(looker.Close)
 		ctx := context.Background()
 		holder.Look(ctx) // takes its liveness lock

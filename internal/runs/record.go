@@ -14,10 +14,10 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/rest"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/turn"
 )
 
 // errLost: another gateway records the run now (its lease passed to it),
@@ -246,7 +246,7 @@ func usageFrom(s string) *cohortv1.ChatUsage {
 
 // follow records the rest of a run's stream in the background, renewing
 // the lease as it goes.
-func (m *Manager) follow(ctx context.Context, cancel context.CancelFunc, id string, in *store.Intern, st *chat.Stream) {
+func (m *Manager) follow(ctx context.Context, cancel context.CancelFunc, id string, in *store.Intern, st *turn.Stream) {
 	if !m.hold(ctx, cancel, id, func() { m.followStream(ctx, id, in, st) }) {
 		st.Close()
 	}
@@ -285,7 +285,7 @@ func (m *Manager) hold(ctx context.Context, cancel context.CancelFunc, id string
 // followStream records a run's daemon stream to its end. A stream that
 // ends by the gateway's own doing (a budget passed, the daemon's stream
 // broke) leaves the daemon's detached run going: it is cancelled.
-func (m *Manager) followStream(ctx context.Context, id string, in *store.Intern, st *chat.Stream) {
+func (m *Manager) followStream(ctx context.Context, id string, in *store.Intern, st *turn.Stream) {
 	defer st.Close()
 	var last *store.Run
 	cancelDaemon := false
@@ -315,7 +315,7 @@ func (m *Manager) followStream(ctx context.Context, id string, in *store.Intern,
 	if last != nil && (cancelDaemon || st.TimedOut() || (last.Status == store.RunCancelled && last.CancelRequested)) {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer ccancel()
-		if _, err := m.Chat.Cancel(cctx, in, last.SessionID); err != nil {
+		if _, err := m.Turns.Cancel(cctx, in, last.SessionID); err != nil {
 			m.Log.Warn("cancel the daemon's run of an ended background run", "run", id, "err", err)
 		}
 	}
@@ -409,8 +409,9 @@ func (m *Manager) end(ctx context.Context, id, from, to string, e *apierr.Error)
 // own goroutine; ends paused runs whose question expired; and deletes ended
 // runs past the retention, until ctx ends or Close. It looks for runs to
 // take over every Config.Scan, so a stopped gateway's runs are recorded
-// again within it.
-func (m *Manager) Run(ctx context.Context) {
+// again within it. What fails is logged and tried again at the next look;
+// Run returns nil when ctx ends or at Close (the gateway's loops, ADR 0971).
+func (m *Manager) Run(ctx context.Context) error {
 	scan := time.NewTicker(m.Config.Scan)
 	defer scan.Stop()
 	// Wakes at the next paused run's deadline, so that an expired question
@@ -431,9 +432,9 @@ func (m *Manager) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-m.ctx.Done():
-			return
+			return nil
 		case <-scan.C:
 		case <-expiry.C:
 		case <-m.paused:
@@ -546,7 +547,7 @@ func (m *Manager) adopt(id string) {
 // resume attaches to the daemon's run from the event after the last one
 // recorded; nil when it cannot (the run failed, or is left for another
 // try once its lease passes).
-func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.Stream) {
+func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *turn.Stream) {
 	var r store.Run
 	if err := m.DB.NewSelect().Model(&r).Where("id = ?", id).Scan(ctx); err != nil {
 		return nil, nil
@@ -576,10 +577,10 @@ func (m *Manager) resume(ctx context.Context, id string) (*store.Intern, *chat.S
 	// lets one reader attach): its connection closing, or its next write
 	// finding the lease gone, lets go. Tried again meanwhile, the lease
 	// held, for up to a lease.
-	var st *chat.Stream
+	var st *turn.Stream
 	var err error
 	for wait, began := 100*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
-		st, err = m.Chat.Reattach(ctx, &in, chat.Resume{SessionID: r.SessionID, DaemonRunID: r.DaemonRunID, From: uint64(r.DaemonSeq) + 1,
+		st, err = m.Turns.Reattach(ctx, &in, turn.Resume{SessionID: r.SessionID, DaemonRunID: r.DaemonRunID, From: uint64(r.DaemonSeq) + 1,
 			ID: id0, Created: created, RoleSent: r.SegmentOpen, Usage: usageFrom(r.Usage)})
 		if err == nil || ctx.Err() != nil {
 			break

@@ -137,7 +137,7 @@ func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, ru
 		}
 		if ok {
 			// The daemon holds the run open across its question: end it.
-			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+			if _, err := m.Turns.Cancel(ctx, in, run.SessionID); err != nil {
 				m.Log.Warn("cancel a paused background run on its daemon", "run", run.ID, "err", err)
 			}
 		}
@@ -147,7 +147,7 @@ func (m *Manager) CancelRun(ctx context.Context, p *auth.Principal, internID, ru
 			return nil, apierr.Internal(err)
 		}
 		if run.SessionID != "" {
-			if _, err := m.Chat.Cancel(ctx, in, run.SessionID); err != nil {
+			if _, err := m.Turns.Cancel(ctx, in, run.SessionID); err != nil {
 				return nil, err
 			}
 			m.recordHere(ctx, run.ID)

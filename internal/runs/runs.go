@@ -26,10 +26,10 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/turn"
 )
 
 // RunNotifier is told of a run's status changes (internal/webhooks). It is
@@ -128,8 +128,10 @@ func (c *Config) defaults() {
 
 // Manager runs background turns. Start it (Run) once per process.
 type Manager struct {
-	DB      *bun.DB
-	Chat    *chat.Service
+	DB *bun.DB
+	// Turns opens the runs' turns on the daemons, as it does the chat
+	// doors' (ADR 0971).
+	Turns   *turn.Service
 	Interns *interns.Service
 	Log     *slog.Logger
 	// Notifier, when set, is told of every status change.
@@ -158,14 +160,14 @@ type Manager struct {
 }
 
 // New returns a Manager; nothing runs until Run.
-func New(db *bun.DB, c *chat.Service, ins *interns.Service, log *slog.Logger, cfg Config) *Manager {
+func New(db *bun.DB, turns *turn.Service, ins *interns.Service, log *slog.Logger, cfg Config) *Manager {
 	cfg.defaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	owner := "gw_" + randomID(9)
-	return &Manager{DB: db, Chat: c, Interns: ins, Log: log, Config: cfg, owner: owner, alive: store.NewLiveLock(db, liveNS, owner),
+	return &Manager{DB: db, Turns: turns, Interns: ins, Log: log, Config: cfg, owner: owner, alive: store.NewLiveLock(db, liveNS, owner),
 		ctx: ctx, cancel: cancel, stopping: make(chan struct{}), paused: make(chan struct{}, 1),
 		waiters: map[string]chan struct{}{}, owned: map[string]bool{}}
 }
@@ -251,33 +253,40 @@ func (m *Manager) bump(id string) {
 	}
 }
 
-var _ chat.Background = (*Manager)(nil)
-
 // errCap is the 429 of a workspace at its cap of running background runs.
 func errCap(n int) *apierr.Error {
 	return apierr.New(http.StatusTooManyRequests, apierr.ReasonRateLimited,
 		"this workspace has %d background runs running, as many as it may; wait for one to end or cancel one", n).Retry(5)
 }
 
-// Paused implements chat.Background.
+// Paused reports whether a background run of the intern's session is
+// paused: a tool message to that session continues it in the
+// background, whatever its background flag says (the chat doors ask).
 func (m *Manager) Paused(ctx context.Context, internID, sessionID string) bool {
 	n, err := m.DB.NewSelect().Model((*store.Run)(nil)).Where("intern_id = ?", internID).Where("session_id = ?", sessionID).
 		Where("status = ?", store.RunPaused).Count(ctx)
 	return err == nil && n > 0
 }
 
-// Start implements chat.Background.
-func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl *interns.Preloaded) (*chat.BackgroundStart, error) {
+// Started is a started background run.
+type Started struct {
+	Run *cohortv1.BackgroundRun
+	// JSON is the run object as the REST door's GET run returns it: the
+	// REST door's 202 body.
+	JSON []byte
+}
+
+// Start starts the run of a chat request with "background": true (or,
+// for a tool message, continues the paused one) with no caller attached
+// and returns it once it is under way; both chat doors hand such a
+// request here. load reads the intern's row (the REST door's was read
+// with the key). A refusal is an *apierr.Error, as for a streamed
+// request.
+func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (*Started, error) {
 	if m.ctx.Err() != nil {
 		return nil, errStopping // another replica starts it
 	}
-	var in *store.Intern
-	var err error
-	if pl != nil {
-		in, err = pl.Get(p)
-	} else {
-		in, err = m.Interns.Load(ctx, p, req.GetInternId())
-	}
+	in, err := load()
 	if err != nil {
 		return nil, err
 	}
@@ -306,12 +315,12 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 		}
 		run = cont
 	} else {
-		if run, err = m.insert(ctx, in, chat.Caller(p)); err != nil {
+		if run, err = m.insert(ctx, in, turn.Caller(p)); err != nil {
 			return nil, err
 		}
 	}
 	rctx, cancel := context.WithCancel(m.ctx)
-	st, err := m.Chat.OpenBackground(rctx, p, req, in)
+	st, err := m.Turns.Open(rctx, p, req, func() (*store.Intern, error) { return in, nil }, turn.Options{Detached: true})
 	if err != nil {
 		cancel()
 		if cont == nil {
@@ -337,7 +346,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 			// the daemon's detached run must not go on unrecorded.
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer ccancel()
-			m.Chat.Cancel(cctx, in, run.SessionID) //nolint:errcheck
+			m.Turns.Cancel(cctx, in, run.SessionID) //nolint:errcheck
 			return nil, apierr.Conflict(apierr.ReasonRunEnded, "the run was cancelled while the answer was on its way")
 		}
 		return nil, apierr.From(err)
@@ -350,7 +359,7 @@ func (m *Manager) Start(ctx context.Context, p *auth.Principal, req *cohortv1.St
 	if err != nil {
 		return nil, apierr.Internal(err)
 	}
-	return &chat.BackgroundStart{JSON: b, Run: &cohortv1.BackgroundRun{Id: run.ID, InternId: run.InternID, SessionId: run.SessionID, Status: run.Status}}, nil
+	return &Started{JSON: b, Run: &cohortv1.BackgroundRun{Id: run.ID, InternId: run.InternID, SessionId: run.SessionID, Status: run.Status}}, nil
 }
 
 // insert records a new running run of in's workspace, refused past the

@@ -25,6 +25,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/openapi"
 	"github.com/cohort-dev/cohort/internal/rest"
 	"github.com/cohort-dev/cohort/internal/runs"
+	"github.com/cohort-dev/cohort/internal/turn"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -87,7 +88,7 @@ func (s *Server) routes() []route {
 
 	ws := workspaces.REST{S: s.Workspaces}
 	vr := vault.REST{S: s.Vault}
-	chatREST := chat.REST{S: s.Chat, SSE: s.ChatSSE}
+	chatREST := chat.REST{S: s.Chat, Runs: s.Runs, SSE: s.ChatSSE}
 	chatInference := inference
 	chatInference.Lookup = chatREST.Lookup
 	fed := federation.REST{S: s.Federation}
@@ -132,10 +133,10 @@ func (s *Server) routes() []route {
 		// caller outside the programme gets the same plain 404 there too.
 		{pattern: Prefix + "/vault/", access: vaultRead, reasons: true, handler: vr.Other},
 
-		{service: cohortv1connect.ChatServiceName, access: inference, maxBody: chat.MaxBody, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
-			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat}, o...)
+		{service: cohortv1connect.ChatServiceName, access: inference, maxBody: turn.MaxBody, mount: func(o ...connect.HandlerOption) (string, http.Handler) {
+			return cohortv1connect.NewChatServiceHandler(chat.Handler{S: s.Chat, Runs: s.Runs}, o...)
 		}},
-		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: chat.MaxBody, handler: chatREST.Completions},
+		{pattern: "POST " + Prefix + "/interns/{internId}/chat/completions", access: chatInference, reasons: true, maxBody: turn.MaxBody},
 		{pattern: "GET " + Prefix + "/interns/{internId}/models", access: inference, reasons: true, handler: chatREST.Models},
 		// Background runs (docs/background.md): the chat's gates and
 		// callers, access tokens included.
@@ -225,7 +226,9 @@ func checkRoutes(routes []route) (map[string]auth.Access, error) {
 	procedures := map[string]auth.Access{}
 	for _, rt := range routes {
 		if rt.mount == nil {
-			if rt.pattern == "" || rt.handler == nil || rt.service != "" || rt.procedures != nil {
+			// A route with a credential lookup is served by the handler
+			// its lookup returns.
+			if rt.pattern == "" || (rt.handler == nil) == (rt.access.Lookup == nil) || rt.service != "" || rt.procedures != nil {
 				return nil, fmt.Errorf("server: route %q is neither a REST route nor a Connect service", rt.pattern+rt.service)
 			}
 			if err := rt.access.Check(); err != nil {

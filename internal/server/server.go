@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cohort-dev/cohort/internal/accesslog"
 	"github.com/cohort-dev/cohort/internal/accounts"
@@ -33,6 +34,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/streamdeadline"
+	"github.com/cohort-dev/cohort/internal/turn"
 	"github.com/cohort-dev/cohort/internal/vault"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/cohort-dev/cohort/internal/workspaces"
@@ -62,8 +64,9 @@ type Server struct {
 	Chat *chat.Service
 	// ChatSSE tunes the chat event streams of the REST door.
 	ChatSSE sse.Options
-	// Runs runs background turns (Chat.Background); set its Notifier
-	// before Start to hear of their status changes.
+	// Runs runs background turns (the chat doors hand it a request with
+	// "background": true); set its Notifier before Start to hear of their
+	// status changes.
 	Runs       *runs.Manager
 	Federation *federation.Service
 	// Webhooks manages webhook endpoints; WebhookWorker drains the
@@ -80,6 +83,9 @@ type Server struct {
 	origins []string
 
 	stopRun context.CancelFunc
+	// failed receives, once, what ended the loops Start runs: the first
+	// failure, or nil when they were stopped.
+	failed  chan error
 	closers []func() error
 }
 
@@ -149,8 +155,9 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		Workspaces: &workspaces.Service{DB: db},
 		Interns:    ins,
 		Vault:      &vault.Service{DB: db, KEK: d.KEK, Interns: ins, RegionalHosts: cfg.Server.RegionalHosts},
-		Chat: &chat.Service{Interns: ins, Log: log,
-			FirstEventTimeout: cfg.Chat.FirstEventTimeout, EventTimeout: cfg.Chat.EventTimeout, TurnTimeout: cfg.Chat.TurnTimeout},
+		// The chat doors and the background runs open turns alike.
+		Chat: &chat.Service{Interns: ins, Service: &turn.Service{Log: log,
+			FirstEventTimeout: cfg.Chat.FirstEventTimeout, EventTimeout: cfg.Chat.EventTimeout, TurnTimeout: cfg.Chat.TurnTimeout}},
 		ChatSSE:    sse.Options{Keepalive: cfg.Chat.Keepalive},
 		Federation: fed,
 		Webhooks:   &webhooks.Service{DB: db, KEK: d.KEK, Allow: hookAllow, Log: log},
@@ -159,11 +166,10 @@ func New(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) 
 		origins: origins,
 	}
 	s.Webhooks.Wake = s.WebhookWorker.Wake
-	s.Runs = runs.New(db, s.Chat, ins, log, runs.Config{MaxRunning: cfg.Background.MaxRunning, MaxEventBytes: cfg.Background.EventBytes,
+	s.Runs = runs.New(db, s.Chat.Service, ins, log, runs.Config{MaxRunning: cfg.Background.MaxRunning, MaxEventBytes: cfg.Background.EventBytes,
 		Retention: cfg.Background.Retention, Lease: cfg.Background.Lease, Keepalive: cfg.Chat.Keepalive})
 	// A run's status changes become webhook events in the same transaction.
 	s.Runs.Notifier = s.Webhooks
-	s.Chat.Background = s.Runs
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -271,24 +277,27 @@ func CheckSettings(cfg config.Config) error {
 
 // rates are the chat turn and token exchange limits; empty is the
 // owning package's default.
-func rates(cfg config.Config) (turn, exchange ratelimit.Rate, err error) {
-	turn, exchange = chat.DefaultTurnRate, federation.DefaultExchangeRate
+func rates(cfg config.Config) (turns, exchange ratelimit.Rate, err error) {
+	turns, exchange = turn.DefaultTurnRate, federation.DefaultExchangeRate
 	if cfg.Chat.TurnRate != "" {
-		if turn, err = ratelimit.ParseRate(cfg.Chat.TurnRate); err != nil {
-			return turn, exchange, fmt.Errorf("--turn-rate: %w", err)
+		if turns, err = ratelimit.ParseRate(cfg.Chat.TurnRate); err != nil {
+			return turns, exchange, fmt.Errorf("--turn-rate: %w", err)
 		}
 	}
 	if cfg.Federation.ExchangeRate != "" {
 		if exchange, err = ratelimit.ParseRate(cfg.Federation.ExchangeRate); err != nil {
-			return turn, exchange, fmt.Errorf("--exchange-rate: %w", err)
+			return turns, exchange, fmt.Errorf("--exchange-rate: %w", err)
 		}
 	}
-	return turn, exchange, nil
+	return turns, exchange, nil
 }
 
 // Start starts the gateway's own work: the provisioner (the daemons of
-// local interns, the fleet's reconciler) and federation's periodic work
-// (signing key rotation, audit retention).
+// local interns, the fleet's reconciler), then the gateway's loops, each a
+// Run(ctx) error under one group (ADR 0971): federation's periodic work
+// (signing key rotation, audit retention), the background runs' takeover
+// and the webhooks' outbox. A loop's failure ends the others and is
+// reported by Failed; Close ends them.
 func (s *Server) Start(ctx context.Context) error {
 	if s.Provisioner != nil {
 		if err := s.Provisioner.Start(ctx); err != nil {
@@ -297,12 +306,34 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	s.stopRun = cancel
-	go s.Federation.Run(rctx)
-	// After the provisioner: runs taken over attach to daemons it adopted.
-	go s.Runs.Run(rctx)
-	go s.WebhookWorker.Run(rctx)
+	g, gctx := errgroup.WithContext(rctx)
+	loops := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"federation", s.Federation.Run},
+		// After the provisioner: runs taken over attach to daemons it adopted.
+		{"background runs", s.Runs.Run},
+		{"webhooks", s.WebhookWorker.Run},
+	}
+	for _, l := range loops {
+		g.Go(func() error {
+			if err := l.run(gctx); err != nil {
+				return fmt.Errorf("%s: %w", l.name, err)
+			}
+			return nil
+		})
+	}
+	s.failed = make(chan error, 1)
+	go func() { s.failed <- g.Wait() }()
 	return nil
 }
+
+// Failed receives, once, what ended the loops Start runs: the first
+// loop's failure (the others are then stopped: the gateway must stop too),
+// or nil once they were stopped (Close, or Start's ctx ended). Before
+// Start it never receives.
+func (s *Server) Failed() <-chan error { return s.failed }
 
 // Drain begins a graceful stop: the background runs this gateway records
 // are handed over (released at once; another replica takes them over

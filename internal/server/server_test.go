@@ -246,3 +246,24 @@ func localSetup(t *testing.T, cfg config.Config, args ...string) provision.Setup
 	}
 	return setup
 }
+
+// The gateway's loops run under one group (ADR 0971): a stop, by Close or
+// by the end of Start's context, is reported as nil, not as a failure.
+func TestLoopsEndAtClose(t *testing.T) {
+	t.Parallel()
+	for name, stop := range map[string]func(*Server, context.CancelFunc){
+		"Close":       func(s *Server, _ context.CancelFunc) { s.Close() },
+		"context end": func(_ *Server, cancel context.CancelFunc) { cancel() },
+	} {
+		s := newServer(t, noProvisioner(), deps(t))
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stop(s, cancel)
+		if err := <-s.Failed(); err != nil {
+			t.Errorf("%s: the loops ended with %v, want nil", name, err)
+		}
+		cancel()
+	}
+}

@@ -27,7 +27,7 @@ type Run struct {
 	SessionID      string `bun:"session_id,notnull"`
 	// DaemonRunID is the daemon's id of the run (Attach).
 	DaemonRunID string `bun:"daemon_run_id,notnull"`
-	// Caller is who started it, as chat.Caller names them.
+	// Caller is who started it, as turn.Caller names them.
 	Caller string `bun:"caller,notnull"`
 	Status string `bun:"status,notnull"`
 	// Pending is the tool call a paused run waits on (JSON), Error the

@@ -203,8 +203,9 @@ func (w *Worker) Wake() {
 // attempt timeout) and recorded, so a graceful stop sends nothing twice;
 // Done says when. A process killed meanwhile leaves its leases to run
 // out: another worker (or this one after a restart) sends those
-// deliveries again.
-func (w *Worker) Run(ctx context.Context) {
+// deliveries again. A claim that fails is logged and tried again; Run
+// returns nil when ctx ends (the gateway's loops, ADR 0971).
+func (w *Worker) Run(ctx context.Context) error {
 	w.init()
 	defer close(w.done)
 	defer w.running.Wait()
@@ -224,7 +225,7 @@ func (w *Worker) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-tick.C:
 			fill, fresh = true, true
 		case <-w.wake:

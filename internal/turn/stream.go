@@ -1,4 +1,4 @@
-package chat
+package turn
 
 import (
 	"context"
@@ -90,7 +90,7 @@ func (s *Stream) Close() {
 	if s.opened {
 		// Every other ending was recorded before the door saw the end of
 		// the stream: what is left is a caller who stopped reading.
-		s.record("caller_gone", errClientClosed.Reason)
+		s.record("caller_gone", ErrClientClosed.Reason)
 	}
 	s.stopTimers()
 	s.cancel()
@@ -131,7 +131,7 @@ func (s *Stream) release() {
 func (s *Stream) refusal(err error) *apierr.Error {
 	switch {
 	case s.ctx.Err() != nil:
-		return errClientClosed.WithCause(err)
+		return ErrClientClosed.WithCause(err)
 	case s.timedOut.Load(), s.turnTimedOut.Load():
 		return errTimeout.WithCause(err)
 	default:
@@ -174,7 +174,7 @@ func (s *Stream) pull() {
 		return
 	}
 	if s.ctx.Err() != nil {
-		s.record("caller_gone", errClientClosed.Reason)
+		s.record("caller_gone", ErrClientClosed.Reason)
 		s.done = true
 		s.gone = context.Cause(s.ctx)
 		s.release()

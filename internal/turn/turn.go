@@ -1,12 +1,13 @@
-// Package chat is the chat orchestration behind both chat doors: it checks
-// the request and the caller, asks the intern's daemon to start a turn or to
-// take an answer, waits for the daemon's first event (or its refusal), and
-// then relays the daemon's run events as typed chat chunks. The Connect door
-// sends the chunks as they are; the REST door hands them to internal/sse.
+// Package turn opens a turn on an intern's daemon and turns the daemon's
+// run events into chat chunks: the stream both the chat doors
+// (internal/chat) and background runs (internal/runs) read (ADR 0971). It
+// checks the request, asks the daemon to start a turn or to take an
+// answer, waits for the daemon's first event (or its refusal), and then
+// relays the daemon's run events as typed chat chunks.
 //
 // The gateway keeps no run state: a paused run lives on the daemon, so any
 // replica can take the reply that resumes it.
-package chat
+package turn
 
 import (
 	"context"
@@ -25,7 +26,6 @@ import (
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/interns"
 	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/store"
@@ -50,17 +50,20 @@ const (
 // ServiceModel is the chunk model of chunks whose event carries none.
 const ServiceModel = "service/intern"
 
-// Daemons gives an authenticated client for an intern's daemon. The
-// provisioner implements it. An error that is not an *apierr.Error is
-// reported to the caller as 502 intern_unreachable.
+// Daemons is the access to interns' daemons; the provisioner implements
+// it. It is the one interface the turns need of it (ADR 0971): no
+// optional one is looked for by type assertion.
 type Daemons interface {
-	Client(ctx context.Context, in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
-}
-
-// RowDaemons is a Daemons that can dial from an intern row read in the
-// current request (the provisioner does), sparing Client's second read.
-type RowDaemons interface {
+	// ClientFor gives an authenticated client for the daemon of an
+	// intern row read from the database in this same request (no second
+	// read). An error that is not an *apierr.Error is reported to the
+	// caller as 502 intern_unreachable.
 	ClientFor(in *store.Intern) (interndv1connect.InternDaemonServiceClient, error)
+	// Wake wakes a sleeping (or still provisioning) intern and returns
+	// its row once it runs, or the refusal. A host that cannot wake its
+	// interns returns the row as it is: the turn is then refused as
+	// intern_not_ready.
+	Wake(ctx context.Context, in *store.Intern) (*store.Intern, error)
 }
 
 // Observer is told what streams do: opened (with the wait for the
@@ -76,19 +79,14 @@ type Observer interface {
 	Finished(outcome, reason string)
 }
 
-// Waker is a Daemons that can wake a sleeping intern (the local
-// provisioner): Wake returns the row once the intern runs, or the refusal.
-type Waker interface {
-	Wake(ctx context.Context, in *store.Intern) (*store.Intern, error)
-}
-
 // DefaultTurnRate is the turn rate per user or organization when none is
 // configured (ADR 0006): 60 turns a minute, in bursts of 60.
 var DefaultTurnRate = ratelimit.PerMinute(60)
 
-// Service is the chat orchestration.
+// Service opens turns on the interns' daemons. One serves both the chat
+// doors and the background runs: the limits, budgets and measurements
+// are the same for both.
 type Service struct {
-	Interns *interns.Service
 	Daemons Daemons
 	// Limiter counts new turns per RateKey: ratelimit.Memory in one
 	// process, ratelimit.Redis shared by replicas; nil allows every turn.
@@ -102,9 +100,6 @@ type Service struct {
 	FirstEventTimeout time.Duration
 	EventTimeout      time.Duration
 	TurnTimeout       time.Duration
-	// Background runs background turns (internal/runs); nil refuses a
-	// request with "background": true.
-	Background Background
 	// Now and NewID make streams reproducible in tests; nil uses the clock
 	// and random "chatcmpl-" ids.
 	Now   func() time.Time
@@ -148,28 +143,6 @@ func (s *Service) newID() string {
 	return "chatcmpl-" + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// ErrDeparted is the 403 (without a reason) for a key whose creator left the
-// organization and holds no grant.
-var ErrDeparted = interns.ErrDeparted
-
-// Admit runs the caller checks that come before the body is even read:
-// authentication happened, the interns programme (plain 404) and the
-// departed creator (plain 403). Callers outside the programme must not learn
-// anything about the route, not even that their body was malformed. It is
-// the chat route's declared caller check (internal/server), run once per
-// request on both doors; Open takes a principal it admitted. A refusal is
-// counted (Observer) as any other before the stream.
-func (s *Service) Admit(p *auth.Principal) error {
-	err := interns.CheckProgramme(p)
-	if err == nil && p.Departed() {
-		err = ErrDeparted
-	}
-	if err != nil && s.Observer != nil {
-		s.Observer.Refused(string(apierr.From(err).Reason))
-	}
-	return err
-}
-
 // Caller names who asks, for the daemon's bound on one caller's paused
 // runs: the user for a personal key (it acts as that user), else the key
 // (a federation access token is the key it acts as).
@@ -189,23 +162,25 @@ func RateKey(p *auth.Principal) string {
 	return "org:" + p.OrganizationID
 }
 
-// Open checks the request of a caller Admit admitted, starts the turn (or
-// delivers the answer) on the intern's daemon and waits for its first event. A refusal
-// at any point before that event is returned as an *apierr.Error and
-// nothing has been sent; otherwise the returned Stream yields the chunks,
-// starting with the role chunk. The daemon call lives as long as ctx: when
-// the caller goes away, the daemon sees its call cancelled.
-func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest) (*Stream, error) {
-	return s.open(ctx, p, req, func() (*store.Intern, error) { return s.Interns.Load(ctx, p, req.GetInternId()) })
+// Options are how a turn is opened.
+type Options struct {
+	// Detached: the daemon runs the turn detached (a broken stream does
+	// not cancel it), and Open returns as soon as the daemon started the
+	// run, with the stream's first chunk (the role chunk) queued: a
+	// background run (internal/runs). ctx must then outlive the request:
+	// the stream's daemon call lives as long as it.
+	Detached bool
 }
 
-// OpenPreloaded is Open for a caller that read the intern's row with the
-// key (interns.Service.Authenticate): one database round trip per turn.
-func (s *Service) OpenPreloaded(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, pl interns.Preloaded) (*Stream, error) {
-	return s.open(ctx, p, req, func() (*store.Intern, error) { return pl.Get(p) })
-}
-
-func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error)) (_ *Stream, err error) {
+// Open checks the request of an admitted caller, reads the intern's row
+// with load (after the request is found well formed: a malformed one is
+// 400 whatever the intern), starts the turn (or delivers the answer) on
+// the intern's daemon and waits for its first event. A refusal at any
+// point before that event is returned as an *apierr.Error and nothing has
+// been sent; otherwise the returned Stream yields the chunks, starting
+// with the role chunk. The daemon call lives as long as ctx: when the
+// caller goes away, the daemon sees its call cancelled.
+func (s *Service) Open(ctx context.Context, p *auth.Principal, req *cohortv1.StreamChatCompletionRequest, load func() (*store.Intern, error), o Options) (_ *Stream, err error) {
 	var st *Stream
 	if s.Observer != nil {
 		began := s.now()
@@ -234,17 +209,16 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	}
 	if t.start != nil {
 		t.start.Caller = Caller(p)
-		t.start.Detached = isBackground(ctx)
+		t.start.Detached = o.Detached
 	}
 	if t.answer != nil {
-		t.answer.Detached = isBackground(ctx)
+		t.answer.Detached = o.Detached
 	}
 	in, err := load()
 	if err != nil {
 		return nil, err
 	}
-	waker, _ := s.Daemons.(Waker)
-	wake := waker != nil && (in.State == store.InternSleeping || in.State == store.InternProvisioning)
+	wake := s.Daemons != nil && (in.State == store.InternSleeping || in.State == store.InternProvisioning)
 	if in.State != store.InternRunning && !wake {
 		return nil, apierr.Conflict(apierr.ReasonInternNotReady, "intern is %s, not running", in.State)
 	}
@@ -269,7 +243,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	}
 	if wake {
 		// The caller's stream starts once the intern is up: only later.
-		if in, err = waker.Wake(ctx, in); err != nil {
+		if in, err = s.Daemons.Wake(ctx, in); err != nil {
 			return nil, err
 		}
 		if in.State != store.InternRunning {
@@ -304,13 +278,8 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 		}
 	}()
 
-	var client interndv1connect.InternDaemonServiceClient
-	if f, ok := s.Daemons.(RowDaemons); ok {
-		// The row was read from the database just now: no second read.
-		client, err = f.ClientFor(in)
-	} else {
-		client, err = s.Daemons.Client(dctx, in)
-	}
+	// The row was read from the database just now: no second read.
+	client, err := s.Daemons.ClientFor(in)
 	if err != nil {
 		return nil, st.refusal(err)
 	}
@@ -351,7 +320,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, req *cohortv1.Str
 	// intern accepted the answer, and what it does next (an approved
 	// command that runs for minutes) is the run's, bounded by keepalives,
 	// the event timeout and the turn deadline, never by the request budget.
-	for ev.GetStarted() != nil && !ev.GetStarted().GetContinuation() && !isBackground(ctx) {
+	for ev.GetStarted() != nil && !ev.GetStarted().GetContinuation() && !o.Detached {
 		if ev, err = st.recv(); err != nil {
 			return nil, st.refusal(err)
 		}
@@ -397,8 +366,9 @@ var (
 	errSilent      = apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the intern sent nothing for longer than the stream allows")
 	errTurnTimeout = apierr.New(http.StatusGatewayTimeout, apierr.ReasonTimeout, "the turn ran longer than the turn deadline allows; it was cancelled")
 	errSevered     = apierr.New(http.StatusBadGateway, apierr.ReasonStreamSevered, "the connection to the intern broke before the run ended")
-	// errClientClosed is what a caller who hung up is logged with (499).
-	errClientClosed = apierr.New(499, apierr.ReasonClientClosedRequest, "the caller closed the request")
+	// ErrClientClosed is what a caller who hung up is logged with (499):
+	// the Connect door returns it when it can no longer send.
+	ErrClientClosed = apierr.New(499, apierr.ReasonClientClosedRequest, "the caller closed the request")
 )
 
 // daemonError maps a failure of a daemon call to the caller's error. A

@@ -1,4 +1,4 @@
-package chat
+package turn
 
 import (
 	"fmt"
@@ -24,8 +24,8 @@ const (
 	ModeSelfDrive = "self-drive"
 )
 
-// turn is a validated request: either a new run or an answer.
-type turn struct {
+// checked is a validated request: either a new run or an answer.
+type checked struct {
 	start     *interndv1.StartTurnRequest
 	answer    *interndv1.AnswerRequest
 	sessionID string
@@ -44,7 +44,7 @@ func between(field, v string, lo, hi int) error {
 // field. Only the last message is read, but every message must be well
 // formed, since clients resend history and a malformed one is a client bug
 // worth reporting.
-func validate(req *cohortv1.StreamChatCompletionRequest) (*turn, error) {
+func validate(req *cohortv1.StreamChatCompletionRequest) (*checked, error) {
 	msgs := req.GetMessages()
 	if len(msgs) == 0 {
 		return nil, apierr.BadRequest("messages must have at least 1 item")
@@ -82,7 +82,7 @@ func validate(req *cohortv1.StreamChatCompletionRequest) (*turn, error) {
 		if n := chars(last.GetContent()); n > MaxPrompt {
 			return nil, apierr.BadRequest("messages[%d].content is %d characters; the prompt may have at most %d", i, n, MaxPrompt)
 		}
-		return &turn{start: &interndv1.StartTurnRequest{SessionId: req.GetSessionId(), Prompt: last.GetContent(), ApprovalMode: mode}}, nil
+		return &checked{start: &interndv1.StartTurnRequest{SessionId: req.GetSessionId(), Prompt: last.GetContent(), ApprovalMode: mode}}, nil
 	case "tool":
 		if req.SessionId == nil {
 			return nil, apierr.BadRequest("session_id is required when the last message has role tool")
@@ -90,7 +90,7 @@ func validate(req *cohortv1.StreamChatCompletionRequest) (*turn, error) {
 		if last.Content == nil {
 			return nil, apierr.BadRequest("messages[%d].content must be text: it is the answer", i)
 		}
-		return &turn{sessionID: req.GetSessionId(), answer: &interndv1.AnswerRequest{
+		return &checked{sessionID: req.GetSessionId(), answer: &interndv1.AnswerRequest{
 			SessionId: req.GetSessionId(), InteractionId: last.GetToolCallId(), Answer: last.GetContent()}}, nil
 	default:
 		return nil, apierr.BadRequest("messages[%d].role must be user or tool in the last message, not %s", i, last.GetRole())
