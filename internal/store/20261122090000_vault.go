@@ -1,13 +1,5 @@
 package store
 
-import (
-	"context"
-	"strings"
-
-	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
-)
-
 // The vault: one vault per owner (an intern now, a workspace later) with its
 // wrapped data keys, the secrets encrypted under them, and the audit of
 // every release decision.
@@ -45,15 +37,5 @@ func init() {
 			created_at TS NOT NULL)`,
 		`CREATE INDEX vault_releases_intern ON vault_releases (intern_id, created_at)`,
 	}
-	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
-		// Binary columns: BLOB on SQLite, BYTEA on PostgreSQL.
-		out := stmts
-		if db.Dialect().Name() == dialect.PG {
-			out = make([]string, len(stmts))
-			for i, s := range stmts {
-				out[i] = strings.ReplaceAll(s, " BLOB", " BYTEA")
-			}
-		}
-		return ddl(out...)(ctx, db)
-	}, noDown)
+	Migrations.MustRegister(ddl(stmts...), noDown)
 }

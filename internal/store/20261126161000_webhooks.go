@@ -1,13 +1,5 @@
 package store
 
-import (
-	"context"
-	"strings"
-
-	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
-)
-
 // Webhooks: a workspace's endpoints (their signing secrets wrapped by the
 // KEK) and the durable outbox of deliveries, written in the transaction
 // that changes a run's status and drained by every replica's worker
@@ -49,14 +41,5 @@ func init() {
 		`CREATE INDEX webhook_deliveries_due ON webhook_deliveries (status, next_attempt_at)`,
 		`CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, created_at)`,
 	}
-	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
-		out := stmts
-		if db.Dialect().Name() == dialect.PG {
-			out = make([]string, len(stmts))
-			for i, s := range stmts {
-				out[i] = strings.ReplaceAll(s, " BLOB", " BYTEA")
-			}
-		}
-		return ddl(out...)(ctx, db)
-	}, noDown)
+	Migrations.MustRegister(ddl(stmts...), noDown)
 }

@@ -16,17 +16,17 @@ import (
 // so a later change to a model never rewrites history.
 var Migrations = migrate.NewMigrations()
 
-// ddl runs statements in one transaction. "TS" in a statement becomes the
-// dialect's timestamp type.
+// ddl runs statements in one transaction. "TS" and "BLOB" in a statement
+// become the dialect's timestamp and binary types (BYTEA on PostgreSQL).
 func ddl(stmts ...string) migrate.MigrationFunc {
 	return func(ctx context.Context, db *bun.DB) error {
-		ts := "TIMESTAMP"
+		ts, blob := "TIMESTAMP", "BLOB"
 		if db.Dialect().Name() == dialect.PG {
-			ts = "TIMESTAMPTZ"
+			ts, blob = "TIMESTAMPTZ", "BYTEA"
 		}
 		return db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 			for _, s := range stmts {
-				s = strings.ReplaceAll(s, " TS", " "+ts)
+				s = strings.ReplaceAll(strings.ReplaceAll(s, " TS", " "+ts), " BLOB", " "+blob)
 				if _, err := tx.ExecContext(ctx, s); err != nil {
 					return fmt.Errorf("%w\n%s", err, s)
 				}
