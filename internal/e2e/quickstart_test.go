@@ -17,11 +17,16 @@ import (
 // intern jailed throughout.
 func TestQuickStart(t *testing.T) {
 	t.Parallel()
+	quickStart(t)
+}
+
+// quickStart is the quick start with further serve flags (another backend).
+func quickStart(t *testing.T, serveArgs ...string) {
 	dir := t.TempDir()
 	// The README's command; only the jail's orphan timeout is 0, so that
 	// the intern's jail ends with this test's gateway instead of waiting
 	// ten minutes for another.
-	gw := startIn(t, dir, "gateway", []string{"COHORT_JAIL_ORPHAN_TIMEOUT=0"}, "serve", "--listen", "127.0.0.1:0")
+	gw := startIn(t, dir, "gateway", []string{"COHORT_JAIL_ORPHAN_TIMEOUT=0"}, append([]string{"serve", "--listen", "127.0.0.1:0"}, serveArgs...)...)
 	b, err := os.ReadFile(filepath.Join(dir, ".cohort", "bootstrap.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -44,6 +44,7 @@ func (kind) Flags(fs *flag.FlagSet) provision.Setup {
 		tmpSize:       fs.String("kube-tmp-size", env("COHORT_KUBE_TMP_SIZE", "1Gi"), "with kubernetes, the size limit of each intern Pod's /tmp (its HOME), an emptyDir; past it the Pod is evicted (COHORT_KUBE_TMP_SIZE)"),
 		storageClass:  fs.String("kube-storage-class", env("COHORT_KUBE_STORAGE_CLASS", ""), "with kubernetes, the storage class of the claims; empty: the cluster's default (COHORT_KUBE_STORAGE_CLASS)"),
 		wakeTimeout:   fs.String("kube-wake-timeout", env("COHORT_KUBE_WAKE_TIMEOUT", "2m"), "with kubernetes, how long a wake waits for the intern's Pod to be ready (COHORT_KUBE_WAKE_TIMEOUT)"),
+		runtimeClass:  fs.String("kube-runtime-class", env("COHORT_KUBE_RUNTIME_CLASS", ""), "with kubernetes, the RuntimeClass of intern Pods (gvisor: GKE Sandbox, most gVisor installs); set it in the admission policy's ConfigMap too, which then admits no other (COHORT_KUBE_RUNTIME_CLASS)"),
 		agentModules:  fs.String("kube-agent-modules", env("COHORT_KUBE_AGENT_MODULES", ""), "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods (COHORT_KUBE_AGENT_MODULES)"),
 	}
 }
@@ -53,6 +54,7 @@ type setup struct {
 	config, namespace, image, gatewayURL                      *string
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
 	storageClass, wakeTimeout, agentModules, tmpSize          *string
+	runtimeClass                                              *string
 
 	kc     *Config
 	relay  *egress.Relay
@@ -69,7 +71,7 @@ func (s *setup) Check(config.Config) error {
 	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
 		return fmt.Errorf("--kube-gateway-url (COHORT_KUBE_GATEWAY_URL) must be the http:// or https:// URL intern Pods reach the gateway at, not %q", *s.gatewayURL)
 	}
-	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
+	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules, RuntimeClass: *s.runtimeClass,
 		Identity: os.Getenv("POD_NAME"), Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
 		flag, env, v string

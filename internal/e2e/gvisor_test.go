@@ -1,0 +1,65 @@
+package e2e_test
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The gvisor backend under the suites the namespace jail passes (ADR 0981):
+// the escape attempts, the third round's probe of other processes' memory,
+// the quick start's turn and sandboxed command, and gVisor's own kernel
+// answering dmesg.
+
+// needRunsc fails where runsc should be (CI installs it: .ci/run) and
+// skips, saying so, elsewhere.
+func needRunsc(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("runsc (Debian package runsc) is not installed: %v", err)
+		}
+		t.Skipf("SKIPPING: runsc (Debian package runsc) is not installed: %v", err)
+	}
+}
+
+func TestEscapeGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	tg := newTarget(t, "", "--provisioner", "gvisor")
+	// The intern's kernel is gVisor's: its boot log, not the host's.
+	if out := tg.run(t, "self-drive", "dmesg | head -1", true); !strings.Contains(out, "Starting gVisor") {
+		t.Errorf("dmesg in a gvisor intern:\n%s", tail(out, 2000))
+	}
+	attempts := append(tg.attempts, procAttempt())
+	var outputs []string
+	for _, mode := range []string{"self-drive", "manual, escalated"} {
+		for _, a := range attempts {
+			out := tg.run(t, mode, a.command, true)
+			outputs = append(outputs, out)
+			a.check(t, mode, out, tg.canaries)
+		}
+	}
+	select {
+	case <-tg.gw.done:
+		t.Fatal("the gateway died")
+	default:
+	}
+	tg.waitRunning(t, tg.other)
+	time.Sleep(200 * time.Millisecond) // the daemons' last log lines
+	everything := strings.Join(outputs, "\n") + tg.gw.stderr.String()
+	for what, canary := range tg.canaries {
+		if what != "sqlite" && strings.Contains(everything, canary) {
+			t.Errorf("the %s canary appeared in a stream or log", what)
+		}
+	}
+}
+
+// The README's quick start with --provisioner gvisor.
+func TestQuickStartGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	quickStart(t, "--provisioner", "gvisor")
+}

@@ -1,0 +1,27 @@
+package localjail
+
+import (
+	"log/slog"
+	"net"
+
+	"github.com/cohort-dev/cohort/internal/config"
+	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/store"
+)
+
+// What another backend that holds the same jail in another wall (gVisor's
+// sandboxes, internal/provision/gvisor) shares with this one: the jail's
+// settings and relays, and each intern's DaemonJail, so that what an
+// intern's sandbox contains is defined once (ADR 0981).
+
+// InternJail is internJail: the jail of every intern of cfg, its relays
+// open until the caller closes them.
+func InternJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, *egress.Relay, error) {
+	return internJail(cfg, gw, log)
+}
+
+// DaemonJail is the jail of the intern's daemon as this backend would
+// start it (b.Jail set): its agent, flags, limits and relays.
+func (b *Backend) DaemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
+	return b.daemonJail(id, model, agent, own, hostDir, self)
+}
