@@ -194,6 +194,10 @@ func processRole(pid int) string {
 	switch {
 	case len(args) > 0 && strings.Contains(args[0], "jail-init"):
 		return "init"
+	case len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "runsc"):
+		// A gVisor sandbox (runsc, its gofer and Sentry, the Sentry's
+		// ptrace stubs): the daemon and its agent run inside.
+		return "sandbox"
 	case len(args) > 1 && args[1] == "intern":
 		return "daemon"
 	case len(args) > 1 && args[1] == "agent":

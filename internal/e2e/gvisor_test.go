@@ -57,9 +57,31 @@ func TestEscapeGVisor(t *testing.T) {
 	}
 }
 
-// The README's quick start with --provisioner gvisor.
+// The README's quick start with --provisioner gvisor: the turn streams.
+// A command allowed once runs in a jail of its own, which gVisor's kernel
+// of this release cannot make (no mount propagation): the call fails,
+// nothing runs unconfined; allowed always, it runs in the intern's sandbox
+// (ADR 0981).
 func TestQuickStartGVisor(t *testing.T) {
 	needRunsc(t)
 	t.Parallel()
-	quickStart(t, "--provisioner", "gvisor")
+	gw, wk, in := quickStart(t, "--provisioner", "gvisor")
+	ask := func() *stream {
+		p := readAll(t, chat(t, gw, wk, in, user("$ echo hello from the $((6*7)) sandbox", `"approval_mode":"manual"`)))
+		if p.Finish != "tool_calls" {
+			t.Fatalf("no pause: %q %s", p.Finish, p.Text)
+		}
+		return p
+	}
+	r := readAll(t, chat(t, gw, wk, in, ask().answer("allow_once")))
+	if strings.Contains(r.Text, "hello from the 42 sandbox") || !strings.Contains(r.Text, "sandbox unavailable") {
+		t.Errorf("after allow_once: %q %q", r.Finish, r.Text)
+	}
+	r = readAll(t, chat(t, gw, wk, in, ask().answer("allow_always")))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "hello from the 42 sandbox") || !strings.Contains(r.Text, `"sandboxed":false`) {
+		t.Errorf("after allow_always: %q %q", r.Finish, r.Text)
+	}
+	if strings.Contains(gw.stderr.String(), "intern daemon exited") {
+		t.Errorf("the intern's daemon failed on the way:\n%s", tail(gw.stderr.String(), 3000))
+	}
 }

@@ -104,8 +104,11 @@ func (*Backend) abs(p string) string {
 	return p
 }
 
-// containerID is the intern's sandbox as runsc names it.
-func containerID(id string) string { return "cohort-" + id }
+// containerID is the intern's sandbox as runsc names it: its sockets are
+// the host's (abstract), so the name is unique to this data directory too.
+func (b *Backend) containerID(id string) string {
+	return "cohort-" + shortHash(b.abs(b.Jail.DataDir)) + "-" + id
+}
 
 // runsc is a runsc command on this backend's state.
 func (b *Backend) runsc(args ...string) *exec.Cmd {
@@ -244,7 +247,7 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret st
 	if err != nil {
 		return nil, err
 	}
-	cid := containerID(spec.ID)
+	cid := b.containerID(spec.ID)
 	b.destroy(cid) // a sandbox left by a crash of the one before
 	sb := b.sandbox(spec.ID)
 	if err := sb.write(js, init, "/cohort-gvisor/"+cid); err != nil {
@@ -348,7 +351,7 @@ func (b *Backend) watch(d *daemon, exited chan error) {
 		for _, l := range d.listeners {
 			l.Close()
 		}
-		b.destroy(containerID(d.id))
+		b.destroy(b.containerID(d.id))
 		b.mu.Lock()
 		if b.daemons[d.id] == d {
 			delete(b.daemons, d.id)
@@ -376,7 +379,7 @@ func (b *Backend) stop(d *daemon) {
 	select {
 	case <-d.ended:
 	case <-time.After(5 * time.Second):
-		b.destroy(containerID(d.id))
+		b.destroy(b.containerID(d.id))
 		d.cmd.Process.Kill()
 		<-d.ended
 	}

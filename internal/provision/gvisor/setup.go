@@ -139,12 +139,9 @@ func (s *setup) Serve(h http.Handler) {
 
 func (s *setup) Observe(provision.Hooks) {}
 
-func (s *setup) Warnings() []string {
-	if s.jail == nil {
-		return nil
-	}
-	return Warnings(s.jail.Limits.Pids)
-}
+// Warnings: none; every limit holds in a sandbox (the processes' as
+// RLIMIT_NPROC, counted by the Sentry: bundle.go).
+func (s *setup) Warnings() []string { return nil }
 
 func (s *setup) Unsafe() string             { return "" }
 func (s *setup) WakeTimeout() time.Duration { return 0 }
@@ -186,22 +183,13 @@ func (b *Backend) Probe(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := pb.runsc("run", "--bundle", sb.bundle(), "cohort-probe")
+	cid := pb.containerID("probe")
+	cmd := pb.runsc("run", "--bundle", sb.bundle(), cid)
 	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
 	out, err := cmd.CombinedOutput()
-	pb.destroy("cohort-probe")
+	pb.destroy(cid)
 	if err != nil {
 		return fmt.Errorf("this machine cannot start interns' gVisor sandboxes (runsc, package %s): %v: %s", Package, err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// Warnings are what of the operator's limits a sandbox holds otherwise
-// than a jail.
-func Warnings(pids int) []string {
-	var out []string
-	if pids > 0 {
-		out = append(out, fmt.Sprintf("processes: the sandbox's cgroup counts the Sentry's host threads, not the intern's processes; the intern's %d processes are bounded by RLIMIT_NPROC inside the sandbox", pids))
-	}
-	return out
 }
