@@ -142,7 +142,9 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	procs := c.procs()
 	for _, p := range procs {
-		cnew.own = append(cnew.own, p.name)
+		if !slices.Contains(cnew.own, p.name) {
+			cnew.own = append(cnew.own, p.name)
+		}
 	}
 	ccont.own = cnew.own
 	if peer != nil {
@@ -493,7 +495,7 @@ func e2eProcNames(procs []e2eProc) string {
 func e2eSnap(procs []e2eProc) map[string]time.Duration {
 	m := make(map[string]time.Duration, len(procs))
 	for _, p := range procs {
-		m[p.name] = pidCPU(p.pid)()
+		m[p.name] += pidCPU(p.pid)() // a role of several processes (a sandbox's Sentry and its stubs): their sum
 	}
 	return m
 }
@@ -503,7 +505,12 @@ func e2eSnap(procs []e2eProc) map[string]time.Duration {
 func e2eCPUs(cpu map[string]time.Duration, procs []e2eProc, units int, own []string) string {
 	var total time.Duration
 	var parts []string
+	seen := map[string]bool{}
 	for _, p := range procs {
+		if seen[p.name] {
+			continue
+		}
+		seen[p.name] = true
 		v := cpu[p.name] / time.Duration(units)
 		if slices.Contains(own, p.name) {
 			total += v

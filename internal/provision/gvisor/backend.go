@@ -11,14 +11,12 @@
 package gvisor
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -247,8 +245,10 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret st
 	if err != nil {
 		return nil, err
 	}
+	// No sandbox of this name is left: watch deletes each as it ends, Open
+	// those a previous gateway left, and a failed start its own (two runsc
+	// runs saved on every wake).
 	cid := b.containerID(spec.ID)
-	b.destroy(cid) // a sandbox left by a crash of the one before
 	sb := b.sandbox(spec.ID)
 	if err := sb.write(js, init, "/cohort-gvisor/"+cid); err != nil {
 		return nil, err
@@ -273,7 +273,10 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret st
 		closeAll()
 		return nil, err
 	}
-	go forwardLogs(b.log, spec.ID, logR)
+	go func() {
+		localjail.ForwardLogs(b.log, spec.ID, logR)
+		logR.Close()
+	}()
 	cmd := b.runsc("run", "--bundle", sb.bundle(), cid)
 	// The secret goes to the init's stdin, never to its environment or
 	// command line.
@@ -502,19 +505,5 @@ func forward(ln net.Listener, sock string) {
 			defer up.Close()
 			splice(c, up)
 		}()
-	}
-}
-
-// forwardLogs copies a sandbox's output into the gateway's log.
-func forwardLogs(log *slog.Logger, id string, r io.ReadCloser) {
-	defer r.Close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), 256<<10)
-	for sc.Scan() {
-		if l := sc.Bytes(); json.Valid(l) {
-			log.Info("intern daemon", "intern", id, "log", json.RawMessage(append([]byte(nil), l...)))
-			continue
-		}
-		log.Info("intern daemon", "intern", id, "line", sc.Text())
 	}
 }

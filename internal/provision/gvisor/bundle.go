@@ -208,8 +208,17 @@ func (s sandbox) config(spec jail.Spec, init, cgroup string) (ociSpec, error) {
 		// What a bind would show of a hidden path is covered.
 		for _, h := range spec.Hide {
 			if rel, err := filepath.Rel(b.Src, h); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && rel != "." {
-				if _, err := os.Stat(h); err == nil {
+				st, err := os.Stat(h)
+				switch {
+				case err != nil:
+				case st.IsDir():
 					mounts = append(mounts, ociMount{Destination: filepath.Join(b.Dst, rel), Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "size=0"}})
+				default:
+					empty := filepath.Join(s.files(), "empty")
+					if err := os.WriteFile(empty, nil, 0o444); err != nil {
+						return ociSpec{}, err
+					}
+					mounts = append(mounts, ociMount{Destination: filepath.Join(b.Dst, rel), Type: "bind", Source: empty, Options: []string{"bind", "ro"}})
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package localjail
 
 import (
+	"io"
 	"log/slog"
 	"net"
 
@@ -25,3 +26,7 @@ func InternJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, 
 func (b *Backend) DaemonJail(id, model, agent string, own store.InternLimits, hostDir string, self []string) (DaemonJail, error) {
 	return b.daemonJail(id, model, agent, own, hostDir, self)
 }
+
+// ForwardLogs copies a daemon's log lines into the gateway's log, as this
+// backend does its jails'.
+func ForwardLogs(log *slog.Logger, id string, r io.Reader) { forwardLogs(log, id, r) }
