@@ -1,11 +1,16 @@
 package e2e_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
 // The gvisor backend under the suites the namespace jail passes (ADR 0981):
@@ -97,5 +102,65 @@ func TestQuickStartGVisor(t *testing.T) {
 	}
 	if strings.Contains(gw.stderr.String(), "intern daemon exited") {
 		t.Errorf("the intern's daemon failed on the way:\n%s", tail(gw.stderr.String(), 3000))
+	}
+}
+
+// The third round's socket-buffer probe under gVisor: a sandbox's TCP
+// connections are the Sentry's netstack, inside the sandbox's memory
+// cgroup, so filling 250 unread connections moves the host's TCP memory
+// by nothing of the intern's; what the intern writes stays within its
+// memory limit, or the sandbox is ended at it (ADR 0981).
+func TestEscapeSocketBuffersGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	const limit = 256 << 20
+	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info", "--intern-memory", "256MiB")
+	tg := &target{c: c, gw: gw}
+	tg.waitRunning(t, c.Demo)
+	before := hostTCPMem(t)
+	peak := before
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			peak = max(peak, hostTCPMem(t))
+		}
+	}()
+	s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ "+sockFill)))
+	close(stop)
+	<-done
+	out := s.Text
+	grew := peak - before
+	m := regexp.MustCompile(`filled (\d+) (\d+)`).FindStringSubmatch(out)
+	t.Logf("finish %q (%v); the host's TCP memory: %d MiB before, +%d MiB at most; the command: %s", s.Finish, s.Error, before>>20, grew>>20, tail(out, 300))
+	if m != nil {
+		if written, _ := strconv.ParseInt(m[2], 10, 64); written > limit {
+			t.Errorf("%d MiB written into unread connections of an intern limited to %d MiB", written>>20, limit>>20)
+		}
+	} else {
+		// The sandbox was ended at its limit (the host's OOM killer ends
+		// the Sentry): the run's stream is severed, and the intern answers
+		// again on its next turn.
+		if !strings.Contains(fmt.Sprint(s.Error), "stream_severed") {
+			t.Fatalf("the command neither filled its connections nor ended its sandbox: %v\n%s", s.Error, tail(out, 2000))
+		}
+		testutil.Eventually(t, wait, "the intern answers after its sandbox ended", func() bool {
+			res := chat(t, gw, c.WK, c.Demo, user("hello again"))
+			if res.StatusCode != 200 {
+				res.Body.Close()
+				return false
+			}
+			return readAll(t, res).Finish == "stop"
+		})
+	}
+	// Other TCP sockets of the host move the figure: 32 MiB for them.
+	if grew > 32<<20 {
+		t.Errorf("the host's TCP memory grew by %d MiB while a sandboxed intern filled its connections", grew>>20)
 	}
 }
