@@ -198,11 +198,10 @@ func (b *Backend) Ensure(ctx context.Context, spec provision.Spec) (provision.Da
 	if err != nil {
 		return provision.Daemon{}, err
 	}
-	d, err = b.start(ctx, spec, dir, secret)
+	d, err = b.start(ctx, spec, dir, secret, runs)
 	if err != nil {
 		return provision.Daemon{}, fmt.Errorf("start sandbox: %w", err)
 	}
-	d.runs = runs
 	return b.running(d), nil
 }
 
@@ -232,7 +231,7 @@ func (b *Backend) init() (string, error) {
 
 // start writes the intern's bundle, opens its relays' host sockets and
 // runs its sandbox until the daemon listens.
-func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret string) (*daemon, error) {
+func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret, runs string) (*daemon, error) {
 	dj, err := b.DaemonJail(spec, dir)
 	if err != nil {
 		return nil, err
@@ -253,7 +252,7 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret st
 	if err := sb.write(js, init, "/cohort-gvisor/"+cid); err != nil {
 		return nil, err
 	}
-	d := &daemon{id: spec.ID, secret: secret, ended: make(chan struct{})}
+	d := &daemon{id: spec.ID, runs: runs, secret: secret, ended: make(chan struct{})}
 	closeAll := func() {
 		for _, l := range d.listeners {
 			l.Close()
