@@ -25,6 +25,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -824,6 +825,10 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("runtime-class", func(t *testing.T) {
+		testRuntimeClass(t, cluster.Config, client)
+	})
+
 	t.Run("reach", func(t *testing.T) {
 		testReach(t, cluster.Config, client)
 	})
@@ -839,4 +844,61 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	}
 	sort.Strings(names)
 	t.Logf("validated %d objects: %s", len(names), strings.Join(names, "; "))
+}
+
+// With runtimeClass set in the policy's ConfigMap (--kube-runtime-class),
+// the gateway's account may create an intern Pod only under that
+// RuntimeClass: one without a class or under another is refused (ADR 0982).
+func testRuntimeClass(t *testing.T, rc *rest.Config, client kubernetes.Interface) {
+	ctx := context.Background()
+	for name, handler := range map[string]string{"gvisor": "runsc", "runc": "runc"} {
+		c := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler}
+		if _, err := client.NodeV1().RuntimeClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	setClass := func(class string) {
+		cm, err := client.CoreV1().ConfigMaps(gatewayNS).Get(ctx, "cohort-intern-pods", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Data["runtimeClass"] = class
+		if _, err := client.CoreV1().ConfigMaps(gatewayNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	imp := rest.CopyConfig(rc)
+	imp.Impersonate = rest.ImpersonationConfig{UserName: gatewaySA}
+	sa, err := kubernetes.NewForConfig(imp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	create := func(class string) error {
+		p := internPod()
+		if class != "" {
+			p.Spec.RuntimeClassName = &class
+		}
+		_, err := sa.CoreV1().Pods(internsNS).Create(ctx, p, dry)
+		return err
+	}
+	refused := func(err error) bool {
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "RuntimeClass")
+	}
+	if err := create(""); err != nil {
+		t.Fatalf("without runtimeClass in the ConfigMap, a Pod without a class: %v", err)
+	}
+	setClass("gvisor")
+	defer func() {
+		setClass("")
+		testutil.Eventually(t, 30*time.Second, "a Pod without a class admitted again", func() bool { return create("") == nil })
+	}()
+	// The policy reads its parameters from an informer: a moment.
+	testutil.Eventually(t, 30*time.Second, "a Pod without the RuntimeClass refused", func() bool { return refused(create("")) })
+	if err := create("runc"); !refused(err) {
+		t.Errorf("a Pod under RuntimeClass runc: got %v, want refused by the policy", err)
+	}
+	if err := create("gvisor"); err != nil {
+		t.Errorf("a Pod under RuntimeClass gvisor: %v", err)
+	}
 }

@@ -41,7 +41,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rounds := fs.Int("paced-rounds", 3, "rounds of paced streams, the paths in turn")
 	open := fs.Int("open-streams", 100, "paced streams held open for the memory figure (0: skip)")
 	openInterval := fs.Duration("open-interval", 100*time.Millisecond, "the pace of the held-open streams")
-	provisioner := fs.String("provisioner", "local", "local: the gateway jails the daemon and relays its model calls (root); remote: a cohort intern daemon beside it, the agent calling the model itself")
+	provisioner := fs.String("provisioner", "local", "local: the gateway jails the daemon and relays its model calls (root); gvisor: the same in a gVisor sandbox (runsc, root); remote: a cohort intern daemon beside it, the agent calling the model itself")
 	peerDir := fs.String("peer-dir", "tools/bench-peer", "the peer gateway's package (npm ci is run there); empty: no peer")
 	guard := fs.Bool("guard", false, "print the guard's ratios as Go benchmark lines (.ci/benchguard) and skip the peer and the memory figure")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
@@ -56,8 +56,8 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *provisioner != "local" && *provisioner != "remote" {
-		return fmt.Errorf("e2e: --provisioner must be local or remote, not %q", *provisioner)
+	if *provisioner != "local" && *provisioner != "gvisor" && *provisioner != "remote" {
+		return fmt.Errorf("e2e: --provisioner must be local, gvisor or remote, not %q", *provisioner)
 	}
 	if *guard {
 		*peerDir, *open = "", 0
@@ -158,7 +158,9 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	procs := c.procs()
 	for _, p := range procs {
-		cnew.own = append(cnew.own, p.name)
+		if !slices.Contains(cnew.own, p.name) {
+			cnew.own = append(cnew.own, p.name)
+		}
 	}
 	ccont.own = cnew.own
 	if peer != nil {
@@ -587,7 +589,7 @@ func e2eProcNames(procs []e2eProc) string {
 func e2eSnap(procs []e2eProc) map[string]time.Duration {
 	m := make(map[string]time.Duration, len(procs))
 	for _, p := range procs {
-		m[p.name] = pidCPU(p.pid)()
+		m[p.name] += pidCPU(p.pid)() // a role of several processes (a sandbox's Sentry and its stubs): their sum
 	}
 	return m
 }
@@ -597,7 +599,12 @@ func e2eSnap(procs []e2eProc) map[string]time.Duration {
 func e2eCPUs(cpu map[string]time.Duration, procs []e2eProc, units int, own []string) string {
 	var total time.Duration
 	var parts []string
+	seen := map[string]bool{}
 	for _, p := range procs {
+		if seen[p.name] {
+			continue
+		}
+		seen[p.name] = true
 		v := cpu[p.name] / time.Duration(units)
 		if slices.Contains(own, p.name) {
 			total += v

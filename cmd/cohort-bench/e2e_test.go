@@ -44,7 +44,7 @@ func TestBenchE2E(t *testing.T) {
 func TestBenchE2ERefusesUnknownProvisioner(t *testing.T) {
 	var out, errs strings.Builder
 	err := benchE2E(context.Background(), []string{"--provisioner", "jail"}, &out, &errs)
-	if err == nil || !strings.Contains(err.Error(), "--provisioner must be local or remote") || out.Len() != 0 {
+	if err == nil || !strings.Contains(err.Error(), "--provisioner must be local, gvisor or remote") || out.Len() != 0 {
 		t.Fatalf("err %v, output %q", err, out.String())
 	}
 }

@@ -37,6 +37,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	wakes := fs.Int("wakes", 40, "turns to a sleeping intern (and as many to an awake one, interleaved)")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: SQLite in a temporary data directory)")
 	unsafe := fs.Bool("unsafe-shared-host", false, "run the interns unjailed (to compare)")
+	provisioner := fs.String("provisioner", "local", "local (jails) or gvisor (gVisor sandboxes, runsc)")
 	internBin := fs.String("intern-binary", "", "the gateway's --intern-binary: what interns run from (the cohort binary itself, to compare); default: cohort-intern beside the cohort binary if it is there, else the cohort binary")
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -53,7 +54,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "load average at start: %s\n", loadavg())
 
 	serveArgs := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir, "--log-level", "warn",
-		"--provisioner", "local", "--intern-idle-timeout", "1h", "--intern-start-concurrency", "8", "--turn-rate", "100000/s"}
+		"--provisioner", *provisioner, "--intern-idle-timeout", "1h", "--intern-start-concurrency", "8", "--turn-rate", "100000/s"}
 	if *dbURL != "" {
 		serveArgs = append(serveArgs, "--database-url", *dbURL)
 	}

@@ -188,12 +188,25 @@ func gatewaySessions(ctx context.Context, cohort, dir string, at []int, parallel
 // processRole names a process under the gateway by its command line: the
 // daemon (cohort intern), its agent (cohort agent), the jail's init; ""
 // for anything else (a command the agent runs).
+func comm(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return string(b)
+}
+
 func processRole(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	switch {
 	case len(args) > 0 && strings.Contains(args[0], "jail-init"):
 		return "init"
+	case len(b) == 0 && strings.TrimSpace(comm(pid)) == "exe":
+		// A gVisor Sentry's ptrace stub (no command line): the sandbox's
+		// programs' own instructions run in these.
+		return "runsc-stubs"
+	case len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "runsc"):
+		// A gVisor sandbox: runsc run, runsc-gofer, and runsc-sandbox (the
+		// Sentry and its ptrace stubs), where the daemon and agent run.
+		return filepath.Base(args[0])
 	case len(args) > 1 && args[1] == "intern":
 		return "daemon"
 	case len(args) > 1 && args[1] == "agent":

@@ -52,6 +52,11 @@ func runInit() {
 		fail("read spec", err, "")
 	}
 	f.Close()
+	if w.Control == "" && UnderGVisor() {
+		// Its caller did not set it (UnderGVisor); the caller wrote the
+		// spec just read, so it was alive a moment ago.
+		unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
+	}
 	// The caller put this process in the jail's cgroups before it sent the
 	// spec: they become the root of a cgroup namespace of the jail's own,
 	// so /proc/self/cgroup names no cgroup of the host (the program, forked

@@ -90,9 +90,9 @@ func Start(spec Spec, o Options) (*Jail, error) {
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
 		Setpgid:    true,
 	}
-	if spec.Control == "" {
+	if spec.Control == "" && !UnderGVisor() {
 		// No jail outlives its caller, unless it has a control socket for
-		// the next one.
+		// the next one. (Under gVisor the init sets it itself: runInit.)
 		sys.Pdeathsig = syscall.SIGKILL
 	}
 	initPath := spec.Init

@@ -4,6 +4,7 @@
 package backends
 
 import (
+	_ "github.com/cohort-dev/cohort/internal/provision/gvisor"
 	_ "github.com/cohort-dev/cohort/internal/provision/kubepods"
 	_ "github.com/cohort-dev/cohort/internal/provision/localjail"
 	_ "github.com/cohort-dev/cohort/internal/provision/remote"

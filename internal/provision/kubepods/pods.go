@@ -100,6 +100,10 @@ type Config struct {
 	// AgentModules is the known third-party agents' node_modules in the
 	// image ("": they do not run in Pods).
 	AgentModules string
+	// RuntimeClass, when set, is the RuntimeClass of every intern Pod
+	// (gvisor: GKE Sandbox, a gVisor install); the admission policy then
+	// admits no other (deploy/gateway-admission.yaml, ADR 0982).
+	RuntimeClass string
 }
 
 // Object names of an intern (its id is a UUID: a valid DNS label).
@@ -226,7 +230,7 @@ func (b *Backend) Observe() ([]provision.Observed, bool) {
 		id := pod.Labels[LabelIntern]
 		has[id] = true
 		out = append(out, provision.Observed{ID: id, Running: pod.DeletionTimestamp == nil, Ready: podReady(pod), URL: daemonURL(pod),
-			Runs: podRuns(pod.Annotations[annModel], pod.Annotations[annAgent], pod.Annotations[annLimits]), Since: pod.CreationTimestamp.Time})
+			Runs: b.podRunsOf(pod), Since: pod.CreationTimestamp.Time})
 	}
 	for _, c := range claims {
 		if id := c.Labels[LabelIntern]; !has[id] {
@@ -242,6 +246,16 @@ func (*Backend) Fingerprint(s provision.Spec) string {
 }
 
 func podRuns(model, agent, limits string) string { return model + "\x00" + agent + "\x00" + limits }
+
+// podRunsOf is what pod runs: a Pod under another RuntimeClass than this
+// gateway's runs something else, and is replaced.
+func (b *Backend) podRunsOf(pod *corev1.Pod) string {
+	r := podRuns(pod.Annotations[annModel], pod.Annotations[annAgent], pod.Annotations[annLimits])
+	if c := pod.Spec.RuntimeClassName; (c == nil && b.Config.RuntimeClass != "") || (c != nil && *c != b.Config.RuntimeClass) {
+		return r + "\x00runtime class changed"
+	}
+	return r
+}
 
 func podReady(pod *corev1.Pod) bool {
 	if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
@@ -277,7 +291,7 @@ func (b *Backend) Ensure(ctx context.Context, spec provision.Spec) (provision.Da
 		return provision.Daemon{}, err
 	}
 	current := pod != nil && spec.Secret != "" && pod.Annotations[annSecret] == spec.SecretTag &&
-		podRuns(pod.Annotations[annModel], pod.Annotations[annAgent], pod.Annotations[annLimits]) == b.Fingerprint(spec)
+		b.podRunsOf(pod) == b.Fingerprint(spec)
 	if pod != nil && (!current || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded) {
 		// Stale (another secret, model or agent) or finished: a new one.
 		if err := b.deleteObjects(ctx, spec.ID, pod, false); err != nil {
@@ -535,9 +549,14 @@ func (b *Backend) podFor(in provision.Spec, tag string, run provision.AgentRun) 
 	if l := kubeLimits(in.Limits); l != "" {
 		ann[annLimits] = l
 	}
+	var runtimeClass *string
+	if rc := b.Config.RuntimeClass; rc != "" {
+		runtimeClass = &rc
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: podName(in.ID), Labels: internLabels(in.ID), Annotations: ann},
 		Spec: corev1.PodSpec{
+			RuntimeClassName:             runtimeClass,
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
 			RestartPolicy:                corev1.RestartPolicyAlways,

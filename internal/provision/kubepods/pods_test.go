@@ -82,3 +82,24 @@ func TestPodForInternLimits(t *testing.T) {
 		t.Errorf("limits above the operator's raised the Pod's: %v", r.Limits)
 	}
 }
+
+// --kube-runtime-class puts every intern Pod under that RuntimeClass, and a
+// Pod under another (or none) is not the one this gateway would make.
+func TestPodForRuntimeClass(t *testing.T) {
+	in := provision.Spec{ID: "0f0e0d0c-0000-4000-8000-000000000003", Model: "m"}
+	plain := (&Backend{Config: Config{Image: "i"}}).podFor(in, "t", provision.AgentRun{})
+	if plain.Spec.RuntimeClassName != nil {
+		t.Errorf("without --kube-runtime-class a Pod names RuntimeClass %q", *plain.Spec.RuntimeClassName)
+	}
+	b := &Backend{Config: Config{Image: "i", RuntimeClass: "gvisor"}}
+	pod := b.podFor(in, "t", provision.AgentRun{})
+	if c := pod.Spec.RuntimeClassName; c == nil || *c != "gvisor" {
+		t.Fatalf("RuntimeClassName %v, want gvisor", c)
+	}
+	if b.podRunsOf(pod) != b.Fingerprint(in) {
+		t.Errorf("a Pod this gateway made does not run what it would make")
+	}
+	if b.podRunsOf(plain) == b.Fingerprint(in) {
+		t.Errorf("a Pod without the RuntimeClass is taken for one with it (it would be adopted, not replaced)")
+	}
+}

@@ -43,6 +43,7 @@ func (kind) Flags(fs *flag.FlagSet) provision.Setup {
 		tmpSize:       config.String(fs, "kube-tmp-size", "1Gi", "with kubernetes, the size limit of each intern Pod's /tmp (its HOME), an emptyDir; past it the Pod is evicted"),
 		storageClass:  config.String(fs, "kube-storage-class", "", "with kubernetes, the storage class of the claims; empty: the cluster's default"),
 		wakeTimeout:   config.String(fs, "kube-wake-timeout", "2m", "with kubernetes, how long a wake waits for the intern's Pod to be ready"),
+		runtimeClass:  config.String(fs, "kube-runtime-class", "", "with kubernetes, the RuntimeClass of intern Pods (gvisor: GKE Sandbox, most gVisor installs); set it in the admission policy's ConfigMap too, which then admits no other"),
 		agentModules:  config.String(fs, "kube-agent-modules", "", "with kubernetes, the known third-party agents' node_modules directory in the image; empty: they do not run in Pods"),
 	}
 }
@@ -52,6 +53,7 @@ type setup struct {
 	config, namespace, image, gatewayURL                      *string
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit, storage *string
 	storageClass, wakeTimeout, agentModules, tmpSize          *string
+	runtimeClass                                              *string
 
 	kc     *Config
 	relay  *egress.Relay
@@ -68,7 +70,7 @@ func (s *setup) Check(config.Config) error {
 	if !strings.HasPrefix(*s.gatewayURL, "http://") && !strings.HasPrefix(*s.gatewayURL, "https://") {
 		return fmt.Errorf("%s must be the http:// or https:// URL intern Pods reach the gateway at, not %q", config.Setting("kube-gateway-url"), *s.gatewayURL)
 	}
-	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules,
+	kc := &Config{Namespace: *s.namespace, Image: *s.image, StorageClass: *s.storageClass, AgentModules: *s.agentModules, RuntimeClass: *s.runtimeClass,
 		Identity: os.Getenv("POD_NAME"), Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
 		flag, v string

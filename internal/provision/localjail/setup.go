@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
@@ -39,30 +40,64 @@ func (kind) Usage() string {
 }
 
 // Flags are the settings of --provisioner local (ADR 0961): the jails'
-// own. The limits of each jail are the fleet's (config.Fleet.Limits), the
-// ceiling of every backend's interns.
+// own (JailFlags). The limits of each jail are the fleet's
+// (config.Fleet.Limits), the ceiling of every backend's interns.
 func (kind) Flags(fs *flag.FlagSet) provision.Setup {
-	s := &setup{
+	return &setup{flags: JailFlagsOn(fs)}
+}
+
+// JailFlags are the settings of the jail every local intern runs in, which
+// another backend that holds the same jail in another wall (gvisor) reads
+// too: declared once on a flag set (JailFlagsOn), checked once (Check).
+type JailFlags struct {
+	unsafeShared                                        *bool
+	egressAllow, toolCA, internBinary, readOnly, orphan *string
+
+	// What Check makes of them.
+	allow         *safehttp.Allowlist
+	toolCAFile    string
+	orphanTimeout time.Duration
+}
+
+// jailFlags are the JailFlags declared on each flag set, so that every
+// kind that reads them shares one declaration.
+var jailFlags sync.Map // *flag.FlagSet → *JailFlags
+
+// JailFlagsOn declares the jails' flags on fs, or returns those already
+// declared there.
+func JailFlagsOn(fs *flag.FlagSet) *JailFlags {
+	if f, ok := jailFlags.Load(fs); ok {
+		return f.(*JailFlags)
+	}
+	f := &JailFlags{
 		unsafeShared: new(bool),
 		egressAllow:  config.String(fs, "intern-egress-allow-hosts", "", "comma-separated hostnames, addresses and ranges on private networks (api.internal,10.0.0.0/8) that jailed interns may reach, with http_request say; loopback only by range, 169.254.169.254 never"),
 		toolCA:       config.String(fs, "http-tool-ca-file", "", "PEM certificates the interns' http_request tool trusts besides the system roots: a company CA"),
-		internBinary: config.String(fs, "intern-binary", "", "with local, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning"),
+		internBinary: config.String(fs, "intern-binary", "", "with local or gvisor, the binary interns run from (their jail's init, daemon and built-in agent): a cohort-intern of this same build; default: cohort-intern beside this executable if it is there, else this executable; another build is refused, with a warning"),
 		readOnly:     config.String(fs, "jail-ro-bind", "", "comma-separated host paths bound read-only into every intern's jail, besides /usr, /bin, /lib and /etc"),
 		orphan:       config.String(fs, "jail-orphan-timeout", (10 * time.Minute).String(), "with local, how long interns' jails run on after the gateway stops (a restart adopts them, runs and paused runs intact); 0 stops them with it"),
 	}
-	config.BoolVar(fs, s.unsafeShared, "unsafe-shared-host", false, "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys")
-	return s
+	config.BoolVar(fs, f.unsafeShared, "unsafe-shared-host", false, "run local interns unjailed, as this user on this host, where the machine cannot make jails: anyone with a workspace key can then read the gateway's keys")
+	jailFlags.Store(fs, f)
+	return f
+}
+
+// UnsafeShared reports --unsafe-shared-host.
+func (f *JailFlags) UnsafeShared() bool { return *f.unsafeShared }
+
+// ToolCAFile is --http-tool-ca-file made absolute, once checked.
+func (f *JailFlags) ToolCAFile() string { return f.toolCAFile }
+
+// Binary is the binary interns run from (--intern-binary, else found
+// beside self).
+func (f *JailFlags) Binary(ctx context.Context, self string, log *slog.Logger) string {
+	return InternBinary(ctx, *f.internBinary, self, log)
 }
 
 // setup brings up the jails of local interns: their relays and a probe
 // that this machine can make them, before anything is written.
 type setup struct {
-	// The flags, and what Check makes of them.
-	unsafeShared                                        *bool
-	egressAllow, toolCA, internBinary, readOnly, orphan *string
-	allow                                               *safehttp.Allowlist
-	toolCAFile                                          string
-	orphanTimeout                                       time.Duration
+	flags *JailFlags
 
 	binary string
 	jail   *JailConfig
@@ -70,22 +105,24 @@ type setup struct {
 	unsafe bool
 }
 
+func (s *setup) Check(config.Config) error { return s.flags.Check() }
+
 // Check checks the jails' settings, each once, naming the flag.
-func (s *setup) Check(config.Config) error {
+func (f *JailFlags) Check() error {
 	var err error
-	if s.allow, err = safehttp.ParseAllowlist(config.SplitList(*s.egressAllow)); err != nil {
+	if f.allow, err = safehttp.ParseAllowlist(config.SplitList(*f.egressAllow)); err != nil {
 		return fmt.Errorf("%s: %w", config.Setting("intern-egress-allow-hosts"), err)
 	}
-	if s.toolCAFile = *s.toolCA; s.toolCAFile != "" {
-		if s.toolCAFile, err = filepath.Abs(s.toolCAFile); err == nil {
-			_, err = safehttp.ExtraRootsFromFile(s.toolCAFile)
+	if f.toolCAFile = *f.toolCA; f.toolCAFile != "" {
+		if f.toolCAFile, err = filepath.Abs(f.toolCAFile); err == nil {
+			_, err = safehttp.ExtraRootsFromFile(f.toolCAFile)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", config.Setting("http-tool-ca-file"), err)
 		}
 	}
-	if s.orphanTimeout, err = time.ParseDuration(*s.orphan); err != nil || s.orphanTimeout < 0 {
-		return fmt.Errorf("%s: %q is not a duration such as 10m or 30s (0 stops jails with the gateway)", config.Setting("jail-orphan-timeout"), *s.orphan)
+	if f.orphanTimeout, err = time.ParseDuration(*f.orphan); err != nil || f.orphanTimeout < 0 {
+		return fmt.Errorf("%s: %q is not a duration such as 10m or 30s (0 stops jails with the gateway)", config.Setting("jail-orphan-timeout"), *f.orphan)
 	}
 	return nil
 }
@@ -96,8 +133,8 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
-	s.binary = InternBinary(ctx, *s.internBinary, self, env.Log)
-	if *s.unsafeShared {
+	s.binary = s.flags.Binary(ctx, self, env.Log)
+	if s.flags.UnsafeShared() {
 		return func() {}, nil
 	}
 	// The data directory exists before the jail's hidden paths are
@@ -105,7 +142,7 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 	if err := os.MkdirAll(cfg.Store.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	if s.jail, s.relay, err = s.internJail(cfg, env.Listen, env.Log); err != nil {
+	if s.jail, s.relay, err = s.flags.InternJail(cfg, env.Listen, env.Log); err != nil {
 		return nil, err
 	}
 	checkDescriptors(env.Log, cfg.Fleet.MaxAwake, s.relay.MaxConnsPerIntern())
@@ -117,7 +154,7 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 }
 
 func (s *setup) Backend(env provision.Env, _ *provision.Provisioner, ag provision.Agents) (provision.Backend, error) {
-	if s.jail == nil && !*s.unsafeShared {
+	if s.jail == nil && !s.flags.UnsafeShared() {
 		return nil, errors.New("server: the local provisioner jails every intern (its setup's Prepare makes the jail) unless --unsafe-shared-host allows otherwise")
 	}
 	s.unsafe = s.jail == nil
@@ -138,8 +175,8 @@ func (s *setup) Backend(env provision.Env, _ *provision.Provisioner, ag provisio
 func (s *setup) backend(env provision.Env, ag provision.Agents) *Backend {
 	cfg := env.Config
 	b := &Backend{DataDir: cfg.Store.DataDir, Agents: ag, InteractionDeadline: cfg.Chat.InteractionDeadline,
-		HTTPToolCAFile: s.toolCAFile, Jail: s.jail, GatewayURL: env.GatewayURL}
-	if bin := cmp.Or(s.binary, *s.internBinary); bin != "" {
+		HTTPToolCAFile: s.flags.toolCAFile, Jail: s.jail, GatewayURL: env.GatewayURL}
+	if bin := cmp.Or(s.binary, *s.flags.internBinary); bin != "" {
 		b.Command = []string{bin}
 	}
 	return b
@@ -181,9 +218,9 @@ func probe(b *Backend) error {
 	return nil
 }
 
-// internJail is the jail of every local intern, of the checked settings.
-// Its relays are open until the caller closes them.
-func (s *setup) internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, *egress.Relay, error) {
+// InternJail is the jail of every intern, of the checked settings. Its
+// relays are open until the caller closes them.
+func (f *JailFlags) InternJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*JailConfig, *egress.Relay, error) {
 	gwAddr := gw.String()
 	if host, port, err := net.SplitHostPort(gwAddr); err == nil {
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
@@ -191,9 +228,9 @@ func (s *setup) internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*J
 		}
 	}
 	var toolCA []byte
-	if s.toolCAFile != "" {
+	if f.toolCAFile != "" {
 		var err error
-		if toolCA, err = os.ReadFile(s.toolCAFile); err != nil {
+		if toolCA, err = os.ReadFile(f.toolCAFile); err != nil {
 			return nil, nil, fmt.Errorf("--http-tool-ca-file: %w", err)
 		}
 	}
@@ -202,13 +239,13 @@ func (s *setup) internJail(cfg config.Config, gw net.Addr, log *slog.Logger) (*J
 		traces, tracesHeaders = telemetry.TracesEndpoint()
 	}
 	relay, err := egress.New(egress.Config{GatewayAddr: gwAddr, ModelBaseURL: cfg.Agents.BaseURL, ModelAPIKey: cfg.Agents.APIKey,
-		Placeholder: agents.KeyPlaceholder, Internet: true, Allow: s.allow, TracesURL: traces, TracesHeaders: tracesHeaders,
+		Placeholder: agents.KeyPlaceholder, Internet: true, Allow: f.allow, TracesURL: traces, TracesHeaders: tracesHeaders,
 		UpstreamRoots: pemCerts(toolCA), Log: log.With("component", "egress")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("model endpoint (COHORT_AGENT_BASE_URL): %w", err)
 	}
-	jc := &JailConfig{Relay: relay, AgentEnv: cfg.Agents.Env, ReadOnly: config.SplitList(*s.readOnly), HTTPToolCA: string(toolCA), Traces: traces != "",
-		Orphan: s.orphanTimeout, Limits: Limits(cfg.Fleet.Limits),
+	jc := &JailConfig{Relay: relay, AgentEnv: cfg.Agents.Env, ReadOnly: config.SplitList(*f.readOnly), HTTPToolCA: string(toolCA), Traces: traces != "",
+		Orphan: f.orphanTimeout, Limits: Limits(cfg.Fleet.Limits),
 		Hide: HiddenPaths(append([]string{cfg.Store.DataDir, cfg.Store.KEKPath(), cfg.Store.SQLitePath()}, BinaryDir()...)...)}
 	if cfg.Agents.APIKey != "" {
 		jc.ModelKeyPlaceholder = agents.KeyPlaceholder

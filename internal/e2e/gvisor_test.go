@@ -1,0 +1,166 @@
+package e2e_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cohort-dev/cohort/internal/testutil"
+)
+
+// The gvisor backend under the suites the namespace jail passes (ADR 0981):
+// the escape attempts, the third round's probe of other processes' memory,
+// the quick start's turn and sandboxed command, and gVisor's own kernel
+// answering dmesg.
+
+// needRunsc fails where runsc should be (CI installs it: .ci/run) and
+// skips, saying so, elsewhere.
+func needRunsc(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("runsc (Debian package runsc) is not installed: %v", err)
+		}
+		t.Skipf("SKIPPING: runsc (Debian package runsc) is not installed: %v", err)
+	}
+}
+
+func TestEscapeGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	tg := newTarget(t, "", "--provisioner", "gvisor")
+	// The intern's kernel is gVisor's: its boot log, not the host's.
+	if out := tg.run(t, "self-drive", "dmesg | head -1", true); !strings.Contains(out, "Starting gVisor") {
+		t.Errorf("dmesg in a gvisor intern:\n%s", tail(out, 2000))
+	}
+	var attempts []attempt
+	for _, a := range tg.attempts {
+		switch a.name {
+		case "find host paths in /proc/net/unix":
+			// The daemon's socket shows, at its path in the sandbox
+			// (/run/cohort/daemon); no path of the host does.
+			a.success = []string{tg.c.dataDir, "cohort-gvisor-"}
+		case procAttempt().name:
+			// gVisor has no Landlock: a command may read where the
+			// daemon's and the agent's descriptors point (socket:[n],
+			// pipe:[n]), never their memory (ADR 0981).
+			a.success = []string{"reached-3001", "reached-3002"}
+		}
+		attempts = append(attempts, a)
+	}
+	var outputs []string
+	for _, mode := range []string{"self-drive", "manual, escalated"} {
+		for _, a := range attempts {
+			out := tg.run(t, mode, a.command, true)
+			outputs = append(outputs, out)
+			a.check(t, mode, out, tg.canaries)
+		}
+	}
+	select {
+	case <-tg.gw.done:
+		t.Fatal("the gateway died")
+	default:
+	}
+	tg.waitRunning(t, tg.other)
+	time.Sleep(200 * time.Millisecond) // the daemons' last log lines
+	everything := strings.Join(outputs, "\n") + tg.gw.stderr.String()
+	for what, canary := range tg.canaries {
+		if what != "sqlite" && strings.Contains(everything, canary) {
+			t.Errorf("the %s canary appeared in a stream or log", what)
+		}
+	}
+}
+
+// The README's quick start with --provisioner gvisor: the turn streams.
+// A command allowed once runs in a jail of its own, which gVisor's kernel
+// of this release cannot make (no mount propagation): the call fails,
+// nothing runs unconfined; allowed always, it runs in the intern's sandbox
+// (ADR 0981).
+func TestQuickStartGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	gw, wk, in := quickStart(t, "--provisioner", "gvisor")
+	ask := func() *stream {
+		p := readAll(t, chat(t, gw, wk, in, user("$ echo hello from the $((6*7)) sandbox", `"approval_mode":"manual"`)))
+		if p.Finish != "tool_calls" {
+			t.Fatalf("no pause: %q %s", p.Finish, p.Text)
+		}
+		return p
+	}
+	r := readAll(t, chat(t, gw, wk, in, ask().answer("allow_once")))
+	if strings.Contains(r.Text, "hello from the 42 sandbox") || !strings.Contains(r.Text, "sandbox unavailable") {
+		t.Errorf("after allow_once: %q %q", r.Finish, r.Text)
+	}
+	r = readAll(t, chat(t, gw, wk, in, ask().answer("allow_always")))
+	if r.Finish != "stop" || !strings.Contains(r.Text, "hello from the 42 sandbox") || !strings.Contains(r.Text, `"sandboxed":false`) {
+		t.Errorf("after allow_always: %q %q", r.Finish, r.Text)
+	}
+	if strings.Contains(gw.stderr.String(), "intern daemon exited") {
+		t.Errorf("the intern's daemon failed on the way:\n%s", tail(gw.stderr.String(), 3000))
+	}
+}
+
+// The third round's socket-buffer probe under gVisor: a sandbox's TCP
+// connections are the Sentry's netstack, inside the sandbox's memory
+// cgroup, so filling 250 unread connections moves the host's TCP memory
+// by nothing of the intern's; what the intern writes stays within its
+// memory limit, or the sandbox is ended at it (ADR 0981).
+func TestEscapeSocketBuffersGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	const limit = 256 << 20
+	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info", "--intern-memory", "256MiB")
+	tg := &target{c: c, gw: gw}
+	tg.waitRunning(t, c.Demo)
+	before := hostTCPMem(t)
+	peak := before
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			peak = max(peak, hostTCPMem(t))
+		}
+	}()
+	s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ "+sockFill)))
+	close(stop)
+	<-done
+	out := s.Text
+	grew := peak - before
+	m := regexp.MustCompile(`filled (\d+) (\d+)`).FindStringSubmatch(out)
+	t.Logf("finish %q (%v); the host's TCP memory: %d MiB before, +%d MiB at most; the command: %s", s.Finish, s.Error, before>>20, grew>>20, tail(out, 300))
+	if m != nil {
+		if written, _ := strconv.ParseInt(m[2], 10, 64); written > limit {
+			t.Errorf("%d MiB written into unread connections of an intern limited to %d MiB", written>>20, limit>>20)
+		}
+	} else {
+		// The sandbox was ended at its limit (the host's OOM killer ends
+		// the Sentry): the run's stream is severed, and the intern answers
+		// again on its next turn.
+		if !strings.Contains(fmt.Sprint(s.Error), "stream_severed") {
+			t.Fatalf("the command neither filled its connections nor ended its sandbox: %v\n%s", s.Error, tail(out, 2000))
+		}
+		testutil.Eventually(t, wait, "the intern answers after its sandbox ended", func() bool {
+			res := chat(t, gw, c.WK, c.Demo, user("hello again"))
+			if res.StatusCode != 200 {
+				res.Body.Close()
+				return false
+			}
+			return readAll(t, res).Finish == "stop"
+		})
+	}
+	// Other TCP sockets of the host move the figure: 32 MiB for them.
+	if grew > 32<<20 {
+		t.Errorf("the host's TCP memory grew by %d MiB while a sandboxed intern filled its connections", grew>>20)
+	}
+}

@@ -1,0 +1,27 @@
+package jail
+
+import (
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// UnderGVisor reports whether this process runs on gVisor's kernel (an
+// intern of --provisioner gvisor, ADR 0981), which names itself by a fixed
+// release and version that no program can change (a UTS namespace sets
+// only the host and domain names).
+//
+// There a jail's init is not set a parent-death signal by its caller: Go's
+// fork, seeing the child's getppid() differ from the caller's pid (0
+// across a new PID namespace), sends the child SIGKILL, which Linux ignores
+// for a PID namespace's init and gVisor delivers; the init sets it itself.
+// And the seccomp filter lets syslog through: gVisor's kernel log is its
+// own boot banner.
+var UnderGVisor = sync.OnceValue(func() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	return unix.ByteSliceToString(u.Release[:]) == "4.4.0" &&
+		unix.ByteSliceToString(u.Version[:]) == "#1 SMP Sun Jan 10 15:06:54 PST 2016"
+})
