@@ -542,9 +542,13 @@ func e2eMemParts(stdout io.Writer, dir string, n int) {
 
 // e2eSignalProfiles asks the gateway, the daemon and the agent for their
 // memory's parts (SIGUSR1, interncmd.Profiled) and gives them a second.
+// Only a process whose CPU profile is in dir is profiling and so has the
+// handler (a jailed daemon and its agent are not, and SIGUSR1 would end
+// them).
 func e2eSignalProfiles(procs []e2eProc) {
+	profiles := map[string]string{"gateway": "gateway.serve", "daemon": "daemon.intern", "agent": "daemon.agent"}
 	for _, p := range procs {
-		if p.name == "gateway" || p.name == "daemon" || p.name == "agent" {
+		if name, ok := profiles[p.name]; ok && fileExists(filepath.Join(e2eOpenProfiles, name+".pprof")) {
 			syscall.Kill(p.pid, syscall.SIGUSR1)
 		}
 	}
