@@ -44,7 +44,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	provisioner := fs.String("provisioner", "local", "local: the gateway jails the daemon and relays its model calls (root); gvisor: the same in a gVisor sandbox (runsc, root); remote: a cohort intern daemon beside it, the agent calling the model itself")
 	peerDir := fs.String("peer-dir", "tools/bench-peer", "the peer gateway's package (npm ci is run there); empty: no peer")
 	guard := fs.Bool("guard", false, "print the guard's ratios as Go benchmark lines (.ci/benchguard) and skip the peer and the memory figure")
-	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
+	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run, and with the open phase each one's memory per open stream in parts (heap, live heap, goroutine stacks) and its heap and goroutine profiles; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
 	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream); one phase with --profile-dir profiles it alone")
 	childLogs := fs.Bool("child-logs", false, "show the children's logs")
 	floor := fs.Bool("floor", true, "run the floor beside the paths (a bare relay hop and a bare SSE relay hop in front of the model, each its own process) and print every figure as a ratio to it")
@@ -62,6 +62,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *guard {
 		*peerDir, *open = "", 0
 	}
+	e2eOpenProfiles = *profDir
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		lim.Cur = lim.Max
@@ -364,6 +365,9 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				total += grow[name]
 			}
 			fmt.Fprintf(stdout, "%-34s %.1f KB per stream (%s)\n", t.name, total/float64(*open)/1024, strings.Join(parts, ", "))
+			if *profDir != "" {
+				e2eMemParts(stdout, *profDir, *open)
+			}
 		}
 	}
 	// 4. Scale: N paced streams at once through each path.
@@ -512,9 +516,53 @@ func (t *e2eTarget) read(body io.Reader, onContent func()) (int, error) {
 	}
 }
 
+// e2eOpenProfiles is --profile-dir: e2eOpen asks each process for its
+// memory's parts and profiles (SIGUSR1, see interncmd.Profiled) before and
+// while the streams are held.
+var e2eOpenProfiles string
+
+// e2eMemParts prints, per stream, what each process's heap (before a
+// collection and live after it), goroutine stacks and goroutines grew by
+// while the open streams were held: the last two lines of each .mem file
+// interncmd.Profiled wrote.
+func e2eMemParts(stdout io.Writer, dir string, n int) {
+	for _, name := range []string{"gateway.serve", "daemon.intern", "daemon.agent"} {
+		b, err := os.ReadFile(filepath.Join(dir, name+".mem"))
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if err != nil || len(lines) < 2 {
+			continue
+		}
+		var v [2][4]float64
+		for i, l := range lines[len(lines)-2:] {
+			fmt.Sscanf(l, "heap %g live %g stacks %g goroutines %g", &v[i][0], &v[i][1], &v[i][2], &v[i][3])
+		}
+		per := func(k int) float64 { return (v[1][k] - v[0][k]) / float64(n) }
+		fmt.Fprintf(stdout, "  %-14s per stream: heap %.1f KB (live %.1f KB), goroutine stacks %.1f KB, goroutines %.2f\n",
+			name, per(0)/1024, per(1)/1024, per(2)/1024, per(3))
+	}
+}
+
+// e2eSignalProfiles asks the gateway, the daemon and the agent for their
+// memory's parts (SIGUSR1, interncmd.Profiled) and gives them a second.
+// Only a process whose CPU profile is in dir is profiling and so has the
+// handler (a jailed daemon and its agent are not, and SIGUSR1 would end
+// them).
+func e2eSignalProfiles(procs []e2eProc) {
+	profiles := map[string]string{"gateway": "gateway.serve", "daemon": "daemon.intern", "agent": "daemon.agent"}
+	for _, p := range procs {
+		if name, ok := profiles[p.name]; ok && fileExists(filepath.Join(e2eOpenProfiles, name+".pprof")) {
+			syscall.Kill(p.pid, syscall.SIGUSR1)
+		}
+	}
+	time.Sleep(time.Second)
+}
+
 // e2eOpen holds n paced streams open through t (each reading), waits for
 // the processes to settle and returns their RSS growth in bytes.
 func e2eOpen(ctx context.Context, t *e2eTarget, n int, interval time.Duration, procs []e2eProc) (map[string]float64, error) {
+	if e2eOpenProfiles != "" {
+		e2eSignalProfiles(procs)
+	}
 	before := map[string]float64{}
 	for _, p := range procs {
 		before[p.name] = procstat.RSS(p.pid)
@@ -564,6 +612,9 @@ func e2eOpen(ctx context.Context, t *e2eTarget, n int, interval time.Duration, p
 	grow := map[string]float64{}
 	for _, p := range procs {
 		grow[p.name] = procstat.RSS(p.pid) - before[p.name]
+	}
+	if e2eOpenProfiles != "" {
+		e2eSignalProfiles(procs)
 	}
 	cancel()
 	wg.Wait()

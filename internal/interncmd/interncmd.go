@@ -13,10 +13,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/config"
@@ -57,6 +60,9 @@ func Profiled(f func() error) error {
 	if prefix == "" || len(os.Args) < 2 {
 		return f()
 	}
+	// A heap sample per 16 KiB allocated, not per 512 KiB: enough samples
+	// in a heap profile of a few MB, little cost beside the CPU profile's.
+	runtime.MemProfileRate = 16 << 10
 	out, err := os.Create(prefix + "." + filepath.Base(os.Args[1]) + ".pprof")
 	if err != nil {
 		return err
@@ -66,6 +72,31 @@ func Profiled(f func() error) error {
 		return err
 	}
 	defer pprof.StopCPUProfile()
+	// SIGUSR1 appends the memory's parts to <prefix>.<command>.mem (the
+	// heap before and after a collection, the stacks, the goroutines) and
+	// writes the heap and goroutine profiles after it: `cohort-bench e2e
+	// --profile-dir` sends it before and while it holds its open streams.
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		name := prefix + "." + filepath.Base(os.Args[1])
+		for range usr1 {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			if f, err := os.OpenFile(name+".mem", os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+				fmt.Fprintf(f, "heap %d live %d stacks %d goroutines %d\n", before.HeapAlloc, after.HeapAlloc, after.StackInuse, runtime.NumGoroutine())
+				f.Close()
+			}
+			for _, p := range []string{"heap", "goroutine"} {
+				if out, err := os.Create(name + "." + p + ".pprof"); err == nil {
+					pprof.Lookup(p).WriteTo(out, 0)
+					out.Close()
+				}
+			}
+		}
+	}()
 	return f()
 }
 
