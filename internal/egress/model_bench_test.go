@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -98,4 +99,65 @@ func BenchmarkModelRelayRedaction(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunks), "ns/chunk")
 		})
 	}
+}
+
+// BenchmarkModelRelayHeldStreams is what the relay holds per open model
+// stream (issue 41's memory per stream): 50 streams, each past its first
+// event and waiting for the next, redacted (the key set) as a jailed
+// intern's are. It reports the gateway's heap and goroutines per stream,
+// after a collection.
+func BenchmarkModelRelayHeldStreams(b *testing.B) {
+	const streams = 50
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, sseChunk)
+		w.(http.Flusher).Flush()
+		<-release
+	}))
+	defer upstream.Close()
+	defer close(release)
+	r, err := egress.New(egress.Config{ModelBaseURL: upstream.URL + "/v1", ModelAPIKey: benchKey, Placeholder: placeholder})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	addr := serveModel(b, r, "")
+	var heap, goroutines float64
+	for b.Loop() {
+		before, g0 := heapInUse()
+		var bodies []io.ReadCloser
+		for range streams {
+			req, _ := http.NewRequestWithContext(context.Background(), "POST", "http://"+addr+"/v1/chat/completions", strings.NewReader("{}"))
+			req.Header.Set("Authorization", "Bearer "+placeholder)
+			// One connection per stream, as each agent call is.
+			res, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			first := make([]byte, len(sseChunk))
+			if _, err := io.ReadFull(res.Body, first); err != nil {
+				b.Fatal(err)
+			}
+			bodies = append(bodies, res.Body)
+		}
+		after, g1 := heapInUse()
+		heap += float64(after-before) / streams
+		goroutines += float64(g1-g0) / streams
+		for _, body := range bodies {
+			body.Close()
+		}
+	}
+	// The client's side of each stream is in the same process: its
+	// transport, connection and body are counted too, alike before and
+	// after a change of the relay.
+	b.ReportMetric(heap/float64(b.N), "heapB/stream")
+	b.ReportMetric(goroutines/float64(b.N), "goroutines/stream")
+}
+
+func heapInUse() (uint64, int) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse, runtime.NumGoroutine()
 }

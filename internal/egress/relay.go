@@ -273,6 +273,7 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		Transport: r.modelTransport,
 		// Model responses are event streams: every chunk goes out at once.
 		FlushInterval: -1,
+		BufferPool:    copyBuffers,
 		ModifyResponse: func(res *http.Response) error {
 			m, _ := res.Request.Context().Value(modelReqCtx{}).(modelReq)
 			if m.red == nil {
@@ -324,6 +325,17 @@ func (r *Relay) modelProxy(u *url.URL, key func(context.Context) (string, error)
 		redactHeader(w.Header(), m.red)
 	})
 }
+
+// copyBuffers are the model relay's copy buffers: 8 KiB, where
+// ReverseProxy's own are 32 KiB, since one is held for as long as a model
+// stream is open (issue 41's memory per stream) and its events are a few
+// hundred bytes each.
+var copyBuffers = &bufferPool{sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(p []byte) { b.p.Put(&p) }
 
 // tracesProxy forwards OTLP trace exports (POST /v1/traces, at most 4 MiB)
 // to the operator's endpoint t, adding its headers; anything else is 404.
