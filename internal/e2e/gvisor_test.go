@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -162,5 +163,56 @@ func TestEscapeSocketBuffersGVisor(t *testing.T) {
 	// Other TCP sockets of the host move the figure: 32 MiB for them.
 	if grew > 32<<20 {
 		t.Errorf("the host's TCP memory grew by %d MiB while a sandboxed intern filled its connections", grew>>20)
+	}
+}
+
+// The four third-party agents as interns under gVisor (ADR 0984): node (or
+// codex's native binary) under the Sentry, the provider key placed by the
+// model relay bridged over a host socket, the agent's own shell tool in
+// the sandbox. A text turn, a self-drive command, a manual one allowed
+// once and an http_request with a bound secret each; the full matrix runs
+// under the namespace jail (TestThirdPartyAgents).
+func TestThirdPartyAgentsGVisor(t *testing.T) {
+	needRunsc(t)
+	for _, p := range agents.All() {
+		t.Run(p.Name, func(t *testing.T) {
+			a := newAgentGateway(t, p, "--provisioner", "gvisor")
+			s := a.turn(t, "cohort-say: hello from gvisor")
+			if s.Finish != "stop" || !strings.Contains(s.Text, "echo: hello from gvisor") || s.Session == nil {
+				for _, turn := range a.model.Turns() {
+					t.Logf("model turn: user %q tools %v results %q", turn.User, turn.Tools, turn.ToolResults)
+				}
+				t.Fatalf("text turn: finish %q text %q session %v error %v\n%s", s.Finish, s.Text, s.Session, s.Error, tail(a.gw.stderr.String(), 4000))
+			}
+			if keys := a.script.sawKeys(); len(keys) == 0 || keys[len(keys)-1] != a.key {
+				t.Fatalf("the model saw keys %v, want the vault's", keys)
+			}
+			session := `"session_id":` + jsonStr(s.Session.(string))
+			s = a.turn(t, "cohort-run: echo c > self.txt && dmesg | head -1 && echo self-4''2", `"approval_mode":"self-drive"`, session)
+			if s.Finish != "stop" || !strings.Contains(s.Text, "self-42") || !strings.Contains(s.Text, "Starting gVisor") {
+				t.Fatalf("self-drive: finish %q text %q error %v\n%s", s.Finish, s.Text, s.Error, tail(a.gw.stderr.String(), 4000))
+			}
+			// manual: the agent's own permission request pauses the run;
+			// allowed once, the agent's shell tool runs it in the sandbox
+			// (the built-in agent's jail of its own is not involved).
+			s = a.turn(t, "cohort-run: echo a > ran.txt && echo ran-4''2", `"approval_mode":"manual"`, session)
+			if s.Finish != "tool_calls" || !optionKinds(t, s.Args)["allow_once"] {
+				t.Fatalf("manual: want a pause, got finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("allow_once")))
+			if s.Finish != "stop" || !strings.Contains(s.Text, "ran-42") {
+				t.Fatalf("allow_once: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			// http_request through the daemon's MCP server and the HTTP
+			// tool's relay: the bound host gets the secret, the model and
+			// the caller its placeholder.
+			s = a.turn(t, "cohort-http: /with-secret", `"approval_mode":"self-drive"`, session)
+			if s.Finish != "stop" || !strings.Contains(s.Text, "target answered /with-secret") || strings.Contains(s.Text, a.secret) {
+				t.Fatalf("http_request: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			if got := a.target.Auth(); len(got) != 1 || got[0] != "Bearer "+a.secret {
+				t.Fatalf("the bound host got Authorization %q", got)
+			}
+		})
 	}
 }
