@@ -193,7 +193,7 @@ type agentGateway struct {
 	secret string // the value of target_token, bound to target.localhost
 }
 
-func newAgentGateway(t *testing.T, p agents.Profile) *agentGateway {
+func newAgentGateway(t *testing.T, p agents.Profile, extra ...string) *agentGateway {
 	t.Helper()
 	modules := requireAgent(t, p)
 	a := &agentGateway{script: &script{agent: p.Name}, key: randomCanary("provider-key"), target: startBoundTarget(t), secret: randomCanary("target-token")}
@@ -204,9 +204,10 @@ func newAgentGateway(t *testing.T, p agents.Profile) *agentGateway {
 	// A Node agent's first session/new took over 30 s (the default
 	// first-event budget) on a loaded 2-core machine: these tests check what
 	// the agents do, not how fast they start.
-	a.gw = a.c.Gateway(t, "--provisioner", "local", "--log-level", "info", "--first-event-timeout", agentFirstEvent,
+	// extra comes last: a later --provisioner is the one that counts.
+	a.gw = a.c.Gateway(t, append([]string{"--provisioner", "local", "--log-level", "info", "--first-event-timeout", agentFirstEvent,
 		"--intern-egress-allow-hosts", "127.0.0.1/32", "--http-tool-ca-file", a.target.CAFile,
-		"--agent-modules", modules, "--agent-endpoint", p.Name+"=http://model.localhost:"+a.model.Addr[strings.LastIndex(a.model.Addr, ":")+1:])
+		"--agent-modules", modules, "--agent-endpoint", p.Name + "=http://model.localhost:" + a.model.Addr[strings.LastIndex(a.model.Addr, ":")+1:]}, extra...)...)
 	a.c.load(t)
 	a.intern = createAgentIntern(t, a.gw, a.c.WK, p.Name)
 	// The provider key, bound to the model endpoint's host only (the vault

@@ -5,11 +5,15 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/testutil"
 )
 
@@ -162,5 +166,270 @@ func TestEscapeSocketBuffersGVisor(t *testing.T) {
 	// Other TCP sockets of the host move the figure: 32 MiB for them.
 	if grew > 32<<20 {
 		t.Errorf("the host's TCP memory grew by %d MiB while a sandboxed intern filled its connections", grew>>20)
+	}
+}
+
+// The four third-party agents as interns under gVisor (ADR 0984): node (or
+// codex's native binary) under the Sentry, the provider key placed by the
+// model relay bridged over a host socket, the agent's own shell tool in
+// the sandbox. A text turn, a self-drive command, a manual one allowed
+// once and an http_request with a bound secret each; the full matrix runs
+// under the namespace jail (TestThirdPartyAgents).
+func TestThirdPartyAgentsGVisor(t *testing.T) {
+	needRunsc(t)
+	for _, p := range agents.All() {
+		t.Run(p.Name, func(t *testing.T) {
+			a := newAgentGateway(t, p, "--provisioner", "gvisor")
+			s := a.turn(t, "cohort-say: hello from gvisor")
+			if s.Finish != "stop" || !strings.Contains(s.Text, "echo: hello from gvisor") || s.Session == nil {
+				for _, turn := range a.model.Turns() {
+					t.Logf("model turn: user %q tools %v results %q", turn.User, turn.Tools, turn.ToolResults)
+				}
+				t.Fatalf("text turn: finish %q text %q session %v error %v\n%s", s.Finish, s.Text, s.Session, s.Error, tail(a.gw.stderr.String(), 4000))
+			}
+			if keys := a.script.sawKeys(); len(keys) == 0 || keys[len(keys)-1] != a.key {
+				t.Fatalf("the model saw keys %v, want the vault's", keys)
+			}
+			session := `"session_id":` + jsonStr(s.Session.(string))
+			s = a.turn(t, "cohort-run: echo c > self.txt && dmesg | head -1 && echo self-4''2", `"approval_mode":"self-drive"`, session)
+			if s.Finish != "stop" || !strings.Contains(s.Text, "self-42") || !strings.Contains(s.Text, "Starting gVisor") {
+				t.Fatalf("self-drive: finish %q text %q error %v\n%s", s.Finish, s.Text, s.Error, tail(a.gw.stderr.String(), 4000))
+			}
+			// manual: the agent's own permission request pauses the run;
+			// allowed once, the agent's shell tool runs it in the sandbox
+			// (the built-in agent's jail of its own is not involved).
+			s = a.turn(t, "cohort-run: echo a > ran.txt && echo ran-4''2", `"approval_mode":"manual"`, session)
+			if s.Finish != "tool_calls" || !optionKinds(t, s.Args)["allow_once"] {
+				t.Fatalf("manual: want a pause, got finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			s = readAll(t, chat(t, a.gw, a.c.WK, a.intern, s.answer("allow_once")))
+			if s.Finish != "stop" || !strings.Contains(s.Text, "ran-42") {
+				t.Fatalf("allow_once: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			// http_request through the daemon's MCP server and the HTTP
+			// tool's relay: the bound host gets the secret, the model and
+			// the caller its placeholder.
+			s = a.turn(t, "cohort-http: /with-secret", `"approval_mode":"self-drive"`, session)
+			if s.Finish != "stop" || !strings.Contains(s.Text, "target answered /with-secret") || strings.Contains(s.Text, a.secret) {
+				t.Fatalf("http_request: finish %q text %q error %v", s.Finish, s.Text, s.Error)
+			}
+			if got := a.target.Auth(); len(got) != 1 || got[0] != "Bearer "+a.secret {
+				t.Fatalf("the bound host got Authorization %q", got)
+			}
+		})
+	}
+}
+
+// relayFlood is a self-drive command: 400 connections to the intern's
+// internet relay (127.0.0.1:7103), each sending nothing, held; after a
+// moment it counts those the other end closed (refused past the intern's
+// cap) and holds the rest a few seconds more while the test looks at the
+// gateway.
+const relayFlood = `python3 -c 'import socket, time
+cs = []
+for i in range(400):
+    try:
+        cs.append(socket.create_connection(("127.0.0.1", 7103), timeout=5))
+    except OSError as e:
+        print("connect failed", i, e)
+        break
+time.sleep(3)
+closed = 0
+for c in cs:
+    c.setblocking(False)
+    try:
+        if c.recv(1) == b"":
+            closed += 1
+    except BlockingIOError:
+        pass
+    except OSError:
+        closed += 1
+print("made", len(cs), "closed", closed, flush=True)
+time.sleep(5)' 2>&1`
+
+// The third round's relay-connection cap under gVisor: connections to a
+// relay port reach the gateway's host socket of that kind through the
+// sandbox's init, and are counted against the same per-intern cap
+// (egress.DefaultMaxConnsPerIntern) as a jail's: past it they are closed
+// and logged, the gateway's descriptors stay bounded, and a neighbour
+// keeps answering (ADR 0984).
+func TestEscapeRelayCapGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info")
+	tg := &target{c: c, gw: gw}
+	neighbour := createIntern(t, gw, c.MK, c.WS, "neighbour")
+	tg.waitRunning(t, c.Demo)
+	tg.waitRunning(t, neighbour)
+	fds := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", gw.cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	peak := before
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			peak = max(peak, fds())
+		}
+	}()
+	var out string
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		out = tg.run(t, "self-drive", relayFlood, true)
+	}()
+	// While the flood is held, the neighbour answers.
+	testutil.Eventually(t, wait, "the flood is held", func() bool {
+		return strings.Contains(gw.stderr.String(), "the intern is at its cap")
+	})
+	if s := readAll(t, chat(t, gw, c.WK, neighbour, user("hello, neighbour"))); s.Finish != "stop" || s.Text == "" {
+		t.Errorf("the neighbour during the flood: %q %v", s.Finish, s.Error)
+	}
+	<-flood
+	close(stop)
+	<-done
+	m := regexp.MustCompile(`made (\d+) closed (\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the flood did not run:\n%s", tail(out, 2000))
+	}
+	made, _ := strconv.Atoi(m[1])
+	closed, _ := strconv.Atoi(m[2])
+	t.Logf("%d connections made, %d closed by the gateway; the gateway's descriptors: %d before, %d at most", made, closed, before, peak)
+	if made != 400 || made-closed > egress.DefaultMaxConnsPerIntern {
+		t.Errorf("%d of %d relay connections held open, past the cap of %d", made-closed, made, egress.DefaultMaxConnsPerIntern)
+	}
+	// One descriptor per held connection on the gateway's side, and some
+	// for the rest of the gateway.
+	if peak-before > egress.DefaultMaxConnsPerIntern+64 {
+		t.Errorf("the gateway's descriptors grew by %d while an intern flooded its relay", peak-before)
+	}
+}
+
+// The third round's limits under gVisor: one intern's disk fill, /tmp
+// fill, CPU burn on every core and 2,000-process fork storm each meet
+// their limit in its own stream (RLIMIT_FSIZE, the tmpfs size, the
+// sandbox's CPU shares, RLIMIT_NPROC enforced by the Sentry); its memory
+// hog ends its whole sandbox at the cgroup's limit (the host's OOM killer
+// takes the Sentry) and the intern answers on its next turn. A neighbour's
+// turns keep answering throughout (ADR 0981, 0984).
+func TestEscapeLimitsGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info", "--turn-rate", "10000/m",
+		"--intern-memory", "1GiB", "--intern-max-processes", "512", "--intern-disk", "256MiB", "--intern-tmpfs", "64MiB")
+	tg := &target{c: c, gw: gw}
+	neighbour := createIntern(t, gw, c.MK, c.WS, "neighbour")
+	tg.waitRunning(t, c.Demo)
+	tg.waitRunning(t, neighbour)
+
+	var (
+		mu    sync.Mutex
+		turns []time.Duration
+		fails []string
+	)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			start := time.Now()
+			s := readAll(t, chat(t, gw, c.WK, neighbour, user("hello, neighbour")))
+			d := time.Since(start)
+			mu.Lock()
+			turns = append(turns, d)
+			if s.Finish != "stop" || s.Text == "" || d > 15*time.Second {
+				fails = append(fails, fmt.Sprint(s.Finish, " ", d, " ", s.Error))
+			}
+			mu.Unlock()
+		}
+	}()
+
+	// Each abuse a turn of its own: where one ends the sandbox, the
+	// stream says which.
+	var out string
+	for _, cmd := range []string{
+		`head -c 536870912 /dev/zero > /intern/fill; echo "fill-status-$? fill-size-$(wc -c < /intern/fill)"; rm -f /intern/fill`,
+		`head -c 134217728 /dev/zero > /tmp/fill; echo "tmp-status-$?"; rm -f /tmp/fill`,
+		`for i in 1 2 3 4; do timeout -s KILL 20 sh -c 'while :; do :; done' & done; echo abuse-$((40+2))`,
+	} {
+		s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ "+cmd)))
+		t.Logf("%.40s…: finish %q error %v: %s", cmd, s.Finish, s.Error, tail(s.Text, 300))
+		out += s.Text
+	}
+	if !strings.Contains(out, "abuse-42") {
+		t.Fatalf("the abuse did not run to its end: %s", tail(out, 3000))
+	}
+	for _, want := range []struct{ what, s string }{
+		{"the disk fill was not stopped at 256 MiB", "fill-size-268435456"},
+		{"the /tmp fill was not refused", "No space left on device"},
+	} {
+		if !strings.Contains(out, want.s) {
+			t.Errorf("%s (no %q in the stream)", want.what, want.s)
+		}
+	}
+	// What ends the whole sandbox under gVisor: 2,000 processes past the
+	// limit of 512 (the Sentry fails to make a process's host threads,
+	// ADR 0984), and 2 GiB held by tail past the sandbox's 1 GiB (the
+	// host's OOM killer takes the Sentry). Either the command is refused
+	// in its stream, or the stream is severed and the intern answers
+	// again on its next turn.
+	for _, abuse := range []struct{ what, cmd, refused string }{
+		{"the fork storm", `(for i in $(seq 2000); do sleep 15 & done) 2>&1 | grep -c fork; set -- /proc/[0-9]*; echo "procs-$#"`, "procs-"},
+		{"the memory hog", `head -c 2147483648 /dev/zero | tail > /dev/null; echo "hog-status-$?"`, "hog-status-"},
+	} {
+		s := readAll(t, chat(t, gw, c.WK, c.Demo, user("$ "+abuse.cmd)))
+		t.Logf("%s: finish %q error %v: %s", abuse.what, s.Finish, s.Error, tail(s.Text, 300))
+		switch {
+		case strings.Contains(s.Text, "hog-status-0"):
+			t.Errorf("2 GiB held in a sandbox limited to 1 GiB")
+		case strings.Contains(s.Text, abuse.refused):
+			for _, line := range strings.Split(s.Text, `\n`) {
+				if n, ok := strings.CutPrefix(line, "procs-"); ok && atoi(n) > 512 {
+					t.Errorf("%s processes ran in a sandbox limited to 512", n)
+				}
+			}
+		case !strings.Contains(fmt.Sprint(s.Error), "stream_severed"):
+			t.Errorf("%s was neither refused nor ended its sandbox: finish %q error %v", abuse.what, s.Finish, s.Error)
+		}
+		testutil.Eventually(t, wait, "the abuser answers again after "+abuse.what, func() bool {
+			res := chat(t, gw, c.WK, c.Demo, user("hello again"))
+			if res.StatusCode != 200 {
+				res.Body.Close()
+				return false
+			}
+			return readAll(t, res).Finish == "stop"
+		})
+	}
+	close(stop)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fails) > 0 {
+		t.Errorf("the neighbour noticed: %d of %d turns failed or took over 15 s: %v", len(fails), len(turns), fails)
+	}
+	if len(turns) < 5 {
+		t.Fatalf("the neighbour answered only %d turns during the abuse", len(turns))
+	}
+	sorted := slices.Clone(turns)
+	slices.Sort(sorted)
+	t.Logf("the neighbour's %d turns: p50 %v, max %v", len(sorted), sorted[len(sorted)/2], sorted[len(sorted)-1])
+	select {
+	case <-gw.done:
+		t.Fatal("the gateway died")
+	default:
 	}
 }

@@ -83,3 +83,22 @@ func TestBundleHoldsTheJailsView(t *testing.T) {
 		t.Errorf("init environment %v", c.Process.Env)
 	}
 }
+
+// Where the jail's bundle holds every root, a sandbox's programs are told
+// no certificate directory (Go would read /etc/ssl/certs file by file
+// through the gofer, ADR 0984); without the bundle, or with a directory
+// set, the environment is the jail's.
+func TestCertDirOnlyWithTheBundle(t *testing.T) {
+	with := []string{"PATH=/usr/bin", "SSL_CERT_FILE=/run/cohort/ca-bundle.pem"}
+	if got := certDirEnv(with); !slices.Equal(got, append(slices.Clone(with), "SSL_CERT_DIR="+noCertDir)) {
+		t.Errorf("with the bundle: %v", got)
+	}
+	if len(with) != 2 {
+		t.Errorf("the jail's environment was changed: %v", with)
+	}
+	for _, env := range [][]string{{"PATH=/usr/bin"}, {"SSL_CERT_FILE=/b.pem", "SSL_CERT_DIR=/d"}} {
+		if got := certDirEnv(env); !slices.Equal(got, env) {
+			t.Errorf("%v became %v", env, got)
+		}
+	}
+}
