@@ -10,8 +10,8 @@ import (
 	"github.com/cohort-dev/cohort/client"
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestClientCarriesTheKey: the client's key reaches unary calls and

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestTypeScriptPackage packs client/typescript (npm pack builds it),

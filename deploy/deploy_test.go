@@ -41,8 +41,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/cohort-dev/cohort/internal/kubetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/kubetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 const (

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // internObjectLabels are the labels the provisioner gives intern "probe"'s

@@ -7,10 +7,10 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/cohort-dev/cohort/internal/browsertest"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/browsertest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestSignInAndCreateWorkspace drives the console in a real Chromium at a

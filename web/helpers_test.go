@@ -20,8 +20,8 @@ import (
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/internd/v1/interndv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/browsertest"
 	"github.com/cohort-dev/cohort/internal/store"
+	"github.com/cohort-dev/cohort/internal/testing/browsertest"
 )
 
 func css(s string) chromedp.CSS { return chromedp.CSS(s) }

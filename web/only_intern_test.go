@@ -6,11 +6,11 @@ import (
 	"github.com/chromedp/chromedp"
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
-	"github.com/cohort-dev/cohort/internal/browsertest"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/browsertest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestOnlyInternPreselected (1280×800): with a single intern, the

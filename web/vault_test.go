@@ -9,9 +9,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
-	"github.com/cohort-dev/cohort/internal/browsertest"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/browsertest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestVaultListsAndAudit: a secret stored for the intern and one for the

@@ -12,9 +12,9 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/sandbox"
 )
 
 // TestAgentChild is not a test: it is `cohort agent` when the test binary is
@@ -103,7 +103,7 @@ func TestAgentProcessAgainstUpstream(t *testing.T) {
 	)
 	conn, client, stderr := startAgentProcess(t, "--model "+m+" --model-retries 0",
 		"COHORT_AGENT_BASE_URL="+up.BaseURL(), "COHORT_AGENT_API_KEY="+key, "OPENAI_API_KEY=")
-	client.OnPermission = agenttest.Select(agent.OptionAllowOnce)
+	client.OnPermission = agenttest.Select(builtinagent.OptionAllowOnce)
 	dir := t.TempDir()
 	s, err := conn.NewSession(context.Background(), acp.NewSessionRequest{Cwd: dir, McpServers: []acp.McpServer{}})
 	if err != nil {
@@ -112,7 +112,7 @@ func TestAgentProcessAgainstUpstream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := conn.Prompt(ctx, acp.PromptRequest{SessionId: s.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock("run it")},
-		Meta: map[string]any{agent.MetaApprovalMode: agent.ModeManual}})
+		Meta: map[string]any{builtinagent.MetaApprovalMode: builtinagent.ModeManual}})
 	if err != nil {
 		t.Fatalf("prompt: %v\n%s", err, stderr)
 	}
@@ -122,7 +122,7 @@ func TestAgentProcessAgainstUpstream(t *testing.T) {
 	if len(client.Permissions()) != 1 {
 		t.Fatal("manual mode did not ask")
 	}
-	if resp.Usage == nil || resp.Usage.InputTokens != 40 || resp.Usage.OutputTokens != 8 || resp.Meta[agent.MetaCost] != 0.5 {
+	if resp.Usage == nil || resp.Usage.InputTokens != 40 || resp.Usage.OutputTokens != 8 || resp.Meta[builtinagent.MetaCost] != 0.5 {
 		t.Fatalf("usage %+v meta %v", resp.Usage, resp.Meta)
 	}
 	reqs := up.Requests()
@@ -156,7 +156,7 @@ func TestAgentProcessDemoQuestion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Models == nil || s.Models.CurrentModelId != agent.DemoModelID {
+	if s.Models == nil || s.Models.CurrentModelId != builtinagent.DemoModelID {
 		t.Fatalf("default model %+v", s.Models)
 	}
 	resp, err := conn.Prompt(context.Background(), acp.PromptRequest{SessionId: s.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock("which colour?")}})

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // `cohort admin intern create|update` set an intern's own limits, on

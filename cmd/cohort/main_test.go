@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 type syncBuf struct {

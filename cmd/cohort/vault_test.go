@@ -19,7 +19,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // vaultServer is a data directory, migrated and bootstrapped, with "a

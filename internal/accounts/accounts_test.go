@@ -12,7 +12,7 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/auth"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 func authed[T any](key string, msg *T) *connect.Request[T] {

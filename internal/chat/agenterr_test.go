@@ -8,7 +8,7 @@ import (
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/apierr"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // The agent's own words, as the daemon puts them in its refusal (issue 29),

@@ -15,7 +15,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/apierr"
 	"github.com/cohort-dev/cohort/internal/chat"
 	"github.com/cohort-dev/cohort/internal/sse"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 func connectStream(e *env, key string, req *cohortv1.StreamChatCompletionRequest) ([]*cohortv1.ChatCompletionChunk, error) {

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // FuzzChatCompletions: whatever the body and its Content-Type, the chat's

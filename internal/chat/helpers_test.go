@@ -22,7 +22,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/lookahead"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")

@@ -10,7 +10,7 @@ import (
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // okScript answers every turn with a short complete reply.

@@ -12,7 +12,7 @@ import (
 
 	interndv1 "github.com/cohort-dev/cohort/gen/cohort/internd/v1"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // sdkStream runs one streaming request through the official OpenAI Go SDK

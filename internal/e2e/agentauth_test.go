@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/cohort-dev/cohort/internal/agents"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // authAgent builds testdata/authagent once.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/modelserver"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // agentModules is the node_modules directory `npm install --no-save` in agents/ makes.

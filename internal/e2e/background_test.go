@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // A background turn survives its gateway: started through one gateway

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 )
 
 // TestStalledAgentFirstEventTimeout: the real daemon sends Started as soon as

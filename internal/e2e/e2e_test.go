@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 const upModel = "up/model"

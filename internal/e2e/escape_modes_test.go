@@ -14,7 +14,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/modelserver"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // The escape suite in every local mode: a root gateway, a gateway run by

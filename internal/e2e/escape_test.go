@@ -28,8 +28,8 @@ import (
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // The escape suite: an intern is hostile. Through the real gateway, its

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // onMachineWithoutUserNamespaces runs `cohort serve` as an unprivileged

@@ -14,7 +14,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/egress"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // The gvisor backend under the suites the namespace jail passes (ADR 0981):

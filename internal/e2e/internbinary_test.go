@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // `cohort serve` runs its local interns from the cohort-intern beside it

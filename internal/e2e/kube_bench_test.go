@@ -16,7 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/procstat"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // freeAddrs are n distinct loopback addresses nothing listens on now.

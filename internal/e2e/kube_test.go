@@ -23,12 +23,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
 	"github.com/cohort-dev/cohort/internal/agents"
-	"github.com/cohort-dev/cohort/internal/kubetest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/modelserver"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/kubetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // kubeNS is the interns' namespace of these tests (serve's default).

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // The README's quick start as a new user runs it: `cohort serve` with no

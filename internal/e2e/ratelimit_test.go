@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/cohort-dev/cohort/internal/ratelimit"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 const redisURL = "redis://127.0.0.1:6379/0"

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // soakLease is the replicas' --background-lease: a killed replica's runs

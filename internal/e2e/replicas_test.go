@@ -8,9 +8,9 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // Two gateway replicas on one PostgreSQL database and one remote daemon: a

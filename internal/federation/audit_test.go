@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // TestNoTokenWithoutItsAuditRow: an exchange that passes every check but

@@ -9,8 +9,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/cohort-dev/cohort/internal/server"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // BenchmarkFederation measures, in one run, a full token exchange through

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/ratelimit"
 	"github.com/cohort-dev/cohort/internal/server"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestExchangeRateLimitMemory: past the per-address budget an exchange is

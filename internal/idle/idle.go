@@ -1,6 +1,6 @@
 // Package idle bounds the sessions a process keeps in memory, for the two
 // that keep them from files (the intern daemon, internal/internd, and the
-// built-in agent, internal/agent): a sweep forgets those unused for a TTL,
+// built-in agent, internal/builtinagent): a sweep forgets those unused for a TTL,
 // and once there are a quarter more than Max, a trim forgets the least
 // recently used down to Max, in the background, one trim at a time. The
 // owner does the forgetting (what is in use, and what forgetting releases,

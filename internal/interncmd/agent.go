@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/sandbox"
 	"github.com/cohort-dev/cohort/internal/config"
 )
 
@@ -19,16 +19,16 @@ import (
 // go to stderr, since stdout carries the protocol.
 func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	oneProc()
-	cfg := agent.Config{}
+	cfg := builtinagent.Config{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Model, "model", config.Env("COHORT_AGENT_MODEL", agent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
+	fs.StringVar(&cfg.Model, "model", config.Env("COHORT_AGENT_MODEL", builtinagent.DemoModelID), "default model id of new sessions; cohort/demo is offline (COHORT_AGENT_MODEL)")
 	fs.StringVar(&cfg.BaseURL, "base-url", config.Env("COHORT_AGENT_BASE_URL", os.Getenv("OPENAI_BASE_URL")), "OpenAI-compatible endpoint, e.g. https://host/v1 (COHORT_AGENT_BASE_URL, OPENAI_BASE_URL)")
 	fs.StringVar(&cfg.WorkDir, "workdir", config.Env("COHORT_AGENT_WORKDIR", ""), "work directory of shell commands when the client's session cwd is not a directory (COHORT_AGENT_WORKDIR)")
 	fs.StringVar(&cfg.StateDir, "state-dir", config.Env("COHORT_AGENT_STATE_DIR", ""), "directory keeping session histories; enables session/load (COHORT_AGENT_STATE_DIR)")
-	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", agent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
+	fs.DurationVar(&cfg.IdleTimeout, "model-timeout", builtinagent.DefaultIdleTimeout, "longest wait for the model's first byte and between its chunks")
 	fs.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", config.EnvDuration("COHORT_AGENT_SESSION_IDLE_TTL", 30*time.Minute), "with --state-dir, a session without a prompt this long leaves memory; its file brings it back (COHORT_AGENT_SESSION_IDLE_TTL)")
-	fs.IntVar(&cfg.MaxRetries, "model-retries", agent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
+	fs.IntVar(&cfg.MaxRetries, "model-retries", builtinagent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
 	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
 	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")
 	logLevel := fs.String("log-level", config.Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
@@ -54,7 +54,7 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	defer stopTracing()
 	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
 		"state_dir", cfg.StateDir, "sandbox", sandbox.Available())
-	err = agent.Serve(ctx, cfg, stdin, stdout)
+	err = builtinagent.Serve(ctx, cfg, stdin, stdout)
 	if err == context.Canceled {
 		return nil
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/jail"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // controlProgram runs in a Control jail: it says what it could reach, then

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/jail"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // A jail started by a caller that is not root: its program runs as an id

@@ -14,7 +14,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/procstat"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // BenchmarkInternStart: from CreateIntern to a daemon that answers Status

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
-	"github.com/cohort-dev/cohort/internal/provisiontest"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
 // A fourth backend, whole in this file, passes the conformance suite: a

@@ -11,10 +11,10 @@ import (
 
 	"github.com/uptrace/bun"
 
-	"github.com/cohort-dev/cohort/internal/provisiontest"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // A jailed intern run from cohort-intern (the binary beside the gateway's,

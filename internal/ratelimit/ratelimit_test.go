@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cohort-dev/cohort/internal/ratelimit"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 func TestMemoryBurstThenRefill(t *testing.T) {

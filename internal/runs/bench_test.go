@@ -17,7 +17,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/sse"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 func benchDBs(b *testing.B, fn func(b *testing.B, db func(testing.TB) *bun.DB)) {

@@ -21,9 +21,9 @@ import (
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // ends counts the status changes told of each run, across replicas.

@@ -23,8 +23,8 @@ import (
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
-	"github.com/cohort-dev/cohort/internal/agent"
 	"github.com/cohort-dev/cohort/internal/auth"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
@@ -32,9 +32,9 @@ import (
 	"github.com/cohort-dev/cohort/internal/runs"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // The intern's agent is Cohort's built-in agent on the offline demo model,
@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("RUNS_TEST_AGENT") == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		defer stop()
-		err := agent.Serve(ctx, agent.Config{Model: agent.DemoModelID, StateDir: os.Getenv("COHORT_AGENT_STATE_DIR"),
+		err := builtinagent.Serve(ctx, builtinagent.Config{Model: builtinagent.DemoModelID, StateDir: os.Getenv("COHORT_AGENT_STATE_DIR"),
 			Logger: slog.New(slog.DiscardHandler), Version: "test"}, os.Stdin, os.Stdout)
 		if err != nil && err != context.Canceled {
 			os.Exit(1)
@@ -81,7 +81,7 @@ func newFixtureDaemon(t testing.TB, db *bun.DB, cfg func(*runs.Config), deadline
 	const secret = "daemon-secret-0123456789abcdef0123456789"
 	d, err := internd.New(internd.Config{InternID: e.InternID, Secret: secret, DataDir: t.TempDir(),
 		AgentCommand: []string{os.Args[0], "-test.run=^$"}, AgentEnv: []string{"RUNS_TEST_AGENT=1"},
-		Model: agent.DemoModelID, InitTimeout: 20 * time.Second, InteractionDeadline: deadline})
+		Model: builtinagent.DemoModelID, InitTimeout: 20 * time.Second, InteractionDeadline: deadline})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // BenchmarkSecretRelease measures one http_request to a loopback TLS stand-in

@@ -21,16 +21,16 @@ import (
 
 	"github.com/uptrace/bun"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/httptool"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // TestMain lets the test binary run the built-in agent (the daemon starts
@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		defer stop()
 		log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-		err := agent.Serve(ctx, agent.Config{Model: os.Getenv("COHORT_AGENT_MODEL"), BaseURL: os.Getenv("COHORT_AGENT_BASE_URL"),
+		err := builtinagent.Serve(ctx, builtinagent.Config{Model: os.Getenv("COHORT_AGENT_MODEL"), BaseURL: os.Getenv("COHORT_AGENT_BASE_URL"),
 			APIKey: "model-key", StateDir: os.Getenv("COHORT_AGENT_STATE_DIR"), Logger: log, Version: "test"}, os.Stdin, os.Stdout)
 		if err != nil && err != context.Canceled {
 			os.Exit(1)

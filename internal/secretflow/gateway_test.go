@@ -13,11 +13,11 @@ import (
 
 	cohortv1 "github.com/cohort-dev/cohort/gen/cohort/v1"
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 // TestGatewayReleaseNeedsTheInternsDaemonSecret: InternGatewayService

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // TestTextBeforeAnApprovalIsNotLost: the model's text streamed just before

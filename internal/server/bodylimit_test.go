@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/cohort-dev/cohort/gen/cohort/v1/cohortv1connect"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 var bombOnce struct {

@@ -23,7 +23,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
 	"github.com/cohort-dev/cohort/internal/ratelimit"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 func deps(t *testing.T) Deps {

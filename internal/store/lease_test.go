@@ -8,7 +8,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 type leased struct {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 )
 
 var fingerprintRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)

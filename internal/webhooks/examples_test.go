@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/cohort-dev/cohort/internal/safehttp"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
 	"github.com/cohort-dev/cohort/internal/webhooks"
 	"github.com/uptrace/bun"
 )

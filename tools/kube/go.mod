@@ -1,4 +1,4 @@
-// kube-apiserver and etcd for internal/kubetest, built by `go tool -modfile=tools/kube/go.mod -n
+// kube-apiserver and etcd for internal/testing/kubetest, built by `go tool -modfile=tools/kube/go.mod -n
 // <tool>` into the Go build cache. k8s.io/kubernetes replaces its staging modules with local
 // paths, which a dependent module cannot use: the replace block below names the published
 // versions instead (v0.x.y for v1.x.y). Upgrading: change all versions together, then go mod tidy.

@@ -11,7 +11,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/gvisor"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
-	"github.com/cohort-dev/cohort/internal/provisiontest"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
 // The gvisor backend passes the conformance suite every backend runs.

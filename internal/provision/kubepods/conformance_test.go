@@ -12,15 +12,15 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/cohort-dev/cohort/internal/kubetest"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/kubepods"
-	"github.com/cohort-dev/cohort/internal/provisiontest"
 	"github.com/cohort-dev/cohort/internal/server"
+	"github.com/cohort-dev/cohort/internal/testing/kubetest"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
 // The Kubernetes backend passes the conformance suite against a real API
-// server (internal/kubetest) whose fake kubelet runs the interns' Pods as
+// server (internal/testing/kubetest) whose fake kubelet runs the interns' Pods as
 // processes of this machine.
 func TestBackendConformance(t *testing.T) {
 	t.Parallel()

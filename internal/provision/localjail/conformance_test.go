@@ -10,7 +10,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
-	"github.com/cohort-dev/cohort/internal/provisiontest"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
 // The local backend passes the conformance suite with its interns jailed

@@ -10,7 +10,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/remote"
-	"github.com/cohort-dev/cohort/internal/provisiontest"
+	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
 // The remote backend passes the conformance suite, the test playing the

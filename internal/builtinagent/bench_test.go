@@ -1,4 +1,4 @@
-package agent_test
+package builtinagent_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/internd/acptap"
 )
 
@@ -77,7 +77,7 @@ func BenchmarkStreamedAnswer(b *testing.B) {
 					return rest
 				}
 			}
-			h := startReading(b, agent.Config{Model: m, BaseURL: up.BaseURL()}, nil, read)
+			h := startReading(b, builtinagent.Config{Model: m, BaseURL: up.BaseURL()}, nil, read)
 			events := 0
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -93,7 +93,7 @@ func BenchmarkStreamedAnswer(b *testing.B) {
 				tapped.thought.Reset()
 				tapped.Unlock()
 				b.StartTimer()
-				resp := h.mustPrompt(b, "go", agent.ModeManual)
+				resp := h.mustPrompt(b, "go", builtinagent.ModeManual)
 				if resp.StopReason != acp.StopReasonEndTurn {
 					b.Fatalf("stop %q", resp.StopReason)
 				}
@@ -123,14 +123,14 @@ func BenchmarkStreamedAnswer(b *testing.B) {
 		})
 	}
 	b.Run("demo", func(b *testing.B) {
-		h := start(b, agent.Config{}, nil)
+		h := start(b, builtinagent.Config{}, nil)
 		events := 0
 		for range b.N {
 			b.StopTimer()
 			h.fresh(b)
 			h.client.Reset()
 			b.StartTimer()
-			h.mustPrompt(b, "hello", agent.ModeManual)
+			h.mustPrompt(b, "hello", builtinagent.ModeManual)
 			events += len(h.client.Updates())
 		}
 		b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")

@@ -1,4 +1,4 @@
-// Package agent is `cohort agent`: Cohort's built-in Agent Client Protocol
+// Package builtinagent is `cohort agent`: Cohort's built-in Agent Client Protocol
 // (ACP) agent. It speaks ACP over stdio (github.com/coder/acp-go-sdk) and
 // drives any OpenAI-compatible chat-completions endpoint with streaming, or
 // the offline model `cohort/demo`. Its tools are `shell` (approval-bearing,
@@ -98,4 +98,4 @@
 // Each answer is preceded by two or three reasoning chunks. The model id is
 // "cohort/demo"; usage counts words (prompt tokens: words of the whole
 // conversation; completion tokens: words produced); it reports no cost.
-package agent
+package builtinagent

@@ -1,4 +1,4 @@
-package agent_test
+package builtinagent_test
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
-	"github.com/cohort-dev/cohort/internal/agent"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
 )
 
 // replayed loads session id in a new agent on state and returns the
 // conversation it replays ("user:…", "agent:…").
 func replayed(t *testing.T, state string, id acp.SessionId) (*harness, []string) {
 	t.Helper()
-	h := start(t, agent.Config{StateDir: state}, nil)
+	h := start(t, builtinagent.Config{StateDir: state}, nil)
 	h.client.Reset()
 	if _, err := h.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: id, Cwd: h.dir, McpServers: []acp.McpServer{}}); err != nil {
 		t.Fatal(err)
@@ -41,9 +41,9 @@ func replayed(t *testing.T, state string, id acp.SessionId) (*harness, []string)
 // the whole-file format of earlier agents still loads and goes on.
 func TestSessionJournal(t *testing.T) {
 	state := t.TempDir()
-	h := start(t, agent.Config{StateDir: state}, nil)
-	h.mustPrompt(t, "one", agent.ModeManual)
-	h.mustPrompt(t, "two", agent.ModeManual)
+	h := start(t, builtinagent.Config{StateDir: state}, nil)
+	h.mustPrompt(t, "one", builtinagent.ModeManual)
+	h.mustPrompt(t, "two", builtinagent.ModeManual)
 	journal := filepath.Join(state, string(h.session)+".jsonl")
 	b, err := os.ReadFile(journal)
 	if err != nil {
@@ -64,7 +64,7 @@ func TestSessionJournal(t *testing.T) {
 	if strings.Join(got, "|") != "user:one|agent:one|user:two|agent:two" {
 		t.Fatalf("after a torn save: %v", got)
 	}
-	h2.mustPrompt(t, "three", agent.ModeManual)
+	h2.mustPrompt(t, "three", builtinagent.ModeManual)
 	if _, got = replayed(t, state, h.session); strings.Join(got, "|") != "user:one|agent:one|user:two|agent:two|user:three|agent:three" {
 		t.Fatalf("after the torn save was cut off: %v", got)
 	}
@@ -77,7 +77,7 @@ func TestSessionJournal(t *testing.T) {
 	if strings.Join(got, "|") != "user:before|agent:before" {
 		t.Fatalf("whole-file session: %v", got)
 	}
-	h3.mustPrompt(t, "after", agent.ModeManual)
+	h3.mustPrompt(t, "after", builtinagent.ModeManual)
 	if _, got = replayed(t, state, old); strings.Join(got, "|") != "user:before|agent:before|user:after|agent:after" {
 		t.Fatalf("whole-file session, a turn later: %v", got)
 	}

@@ -11,12 +11,12 @@ import (
 // build fails the asking test with the compiler's words.
 func TestBuildsOnce(t *testing.T) {
 	b := &Builds{Dir: t.TempDir()}
-	bin := b.Binary(t, "github.com/cohort-dev/cohort/internal/testutil/testdata/hello")
+	bin := b.Binary(t, "github.com/cohort-dev/cohort/internal/testing/testutil/testdata/hello")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(bin)
-	if again := b.Binary(t, "github.com/cohort-dev/cohort/internal/testutil/testdata/hello"); again != bin {
+	if again := b.Binary(t, "github.com/cohort-dev/cohort/internal/testing/testutil/testdata/hello"); again != bin {
 		t.Fatalf("second ask %q, first %q", again, bin)
 	}
 	if _, err := os.Stat(bin); !os.IsNotExist(err) {
@@ -26,7 +26,7 @@ func TestBuildsOnce(t *testing.T) {
 	var ft fakeT
 	func() {
 		defer func() { recover() }()
-		b.Binary(&ft, "github.com/cohort-dev/cohort/internal/testutil/testdata/broken")
+		b.Binary(&ft, "github.com/cohort-dev/cohort/internal/testing/testutil/testdata/broken")
 	}()
 	if !strings.Contains(ft.msg, "undefined: nothere") {
 		t.Fatalf("build error not reported: %q", ft.msg)

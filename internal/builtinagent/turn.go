@@ -1,4 +1,4 @@
-package agent
+package builtinagent
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
-	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/builtinagent/sandbox"
 	"github.com/cohort-dev/cohort/internal/telemetry"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohort-dev/cohort/internal/agent/sandbox"
+	"github.com/cohort-dev/cohort/internal/builtinagent/sandbox"
 )
 
 // needSandbox skips loudly when namespaces are not available: the confined tests are

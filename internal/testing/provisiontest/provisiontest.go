@@ -31,9 +31,9 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
 	"github.com/cohort-dev/cohort/internal/server"
 	"github.com/cohort-dev/cohort/internal/store"
-	"github.com/cohort-dev/cohort/internal/storetest"
-	"github.com/cohort-dev/cohort/internal/testenv"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/testenv"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 // WaitLimit bounds every wait of the suite for the fleet to act.

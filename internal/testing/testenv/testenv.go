@@ -20,7 +20,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/server"
-	"github.com/cohort-dev/cohort/internal/storetest"
+	"github.com/cohort-dev/cohort/internal/testing/storetest"
 )
 
 // Env is a running gateway with a bootstrapped organization.

@@ -1,4 +1,4 @@
-package agent_test
+package builtinagent_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 )
 
 // mcpServer is a stateless MCP server over HTTP, as the intern daemon's is,
@@ -82,12 +82,12 @@ func TestMCPConnectsOnFirstToolCall(t *testing.T) {
 		agenttest.Answer(m, 1, 1, "two"),
 		agenttest.Call(m, "call_1", "echo", `{}`),
 		agenttest.Answer(m, 1, 1, "done"))
-	h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
+	h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	prompt := func(id acp.SessionId) {
 		t.Helper()
-		resp, err := h.conn.Prompt(ctx, acp.PromptRequest{SessionId: id, Prompt: []acp.ContentBlock{acp.TextBlock("go")}, Meta: map[string]any{agent.MetaApprovalMode: agent.ModeSelfDrive}})
+		resp, err := h.conn.Prompt(ctx, acp.PromptRequest{SessionId: id, Prompt: []acp.ContentBlock{acp.TextBlock("go")}, Meta: map[string]any{builtinagent.MetaApprovalMode: builtinagent.ModeSelfDrive}})
 		if err != nil || resp.StopReason != acp.StopReasonEndTurn {
 			t.Fatalf("prompt: %v %v", resp.StopReason, err)
 		}

@@ -1,4 +1,4 @@
-package agent_test
+package builtinagent_test
 
 import (
 	"context"
@@ -14,10 +14,10 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
-	"github.com/cohort-dev/cohort/internal/agent"
-	"github.com/cohort-dev/cohort/internal/agent/agenttest"
-	"github.com/cohort-dev/cohort/internal/agent/sandbox"
-	"github.com/cohort-dev/cohort/internal/testutil"
+	"github.com/cohort-dev/cohort/internal/builtinagent"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
+	"github.com/cohort-dev/cohort/internal/builtinagent/sandbox"
+	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -36,14 +36,14 @@ type harness struct {
 	logs    *testutil.SyncBuffer
 }
 
-func start(t testing.TB, cfg agent.Config, newSessionMeta map[string]any) *harness {
+func start(t testing.TB, cfg builtinagent.Config, newSessionMeta map[string]any) *harness {
 	t.Helper()
 	return startReading(t, cfg, newSessionMeta, nil)
 }
 
 // startReading is start with the client reading the agent's output
 // through read (as the intern daemon reads it through its tap), when set.
-func startReading(t testing.TB, cfg agent.Config, newSessionMeta map[string]any, read func(io.Reader) io.Reader) *harness {
+func startReading(t testing.TB, cfg builtinagent.Config, newSessionMeta map[string]any, read func(io.Reader) io.Reader) *harness {
 	t.Helper()
 	logs := &testutil.SyncBuffer{}
 	if cfg.Logger == nil {
@@ -55,7 +55,7 @@ func startReading(t testing.TB, cfg agent.Config, newSessionMeta map[string]any,
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = agent.Serve(ctx, cfg, agentIn, agentOut)
+		_ = builtinagent.Serve(ctx, cfg, agentIn, agentOut)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -88,7 +88,7 @@ func (h *harness) prompt(t testing.TB, text, mode string) (acp.PromptResponse, e
 	defer cancel()
 	var meta map[string]any
 	if mode != "" {
-		meta = map[string]any{agent.MetaApprovalMode: mode}
+		meta = map[string]any{builtinagent.MetaApprovalMode: mode}
 	}
 	return h.conn.Prompt(ctx, acp.PromptRequest{SessionId: h.session, Prompt: []acp.ContentBlock{acp.TextBlock(text)}, Meta: meta})
 }
@@ -109,9 +109,9 @@ func modelsSeen(t *testing.T, ups []acp.SessionNotification) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, u := range ups {
-		m, ok := u.Meta[agent.MetaModel].(string)
+		m, ok := u.Meta[builtinagent.MetaModel].(string)
 		if !ok || m == "" {
-			t.Fatalf("session/update without %s: %+v", agent.MetaModel, u)
+			t.Fatalf("session/update without %s: %+v", builtinagent.MetaModel, u)
 		}
 		if !seen[m] {
 			seen[m] = true
@@ -130,7 +130,7 @@ func TestInitializeIsHonest(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			agentIn, clientOut := io.Pipe()
 			clientIn, agentOut := io.Pipe()
-			go agent.Serve(context.Background(), agent.Config{StateDir: c.stateDir}, agentIn, agentOut)
+			go builtinagent.Serve(context.Background(), builtinagent.Config{StateDir: c.stateDir}, agentIn, agentOut)
 			defer clientOut.Close()
 			conn := acp.NewClientSideConnection(&agenttest.Client{}, clientOut, clientIn)
 			resp, err := conn.Initialize(context.Background(), agenttest.Initialize())
@@ -155,8 +155,8 @@ func TestInitializeIsHonest(t *testing.T) {
 }
 
 func TestDemoAnswer(t *testing.T) {
-	h := start(t, agent.Config{}, nil)
-	resp := h.mustPrompt(t, "hello there", agent.ModeManual)
+	h := start(t, builtinagent.Config{}, nil)
+	resp := h.mustPrompt(t, "hello there", builtinagent.ModeManual)
 	if resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -175,19 +175,19 @@ func TestDemoAnswer(t *testing.T) {
 	if thoughts < 2 || texts < 2 || h.client.Thought() == "" {
 		t.Fatalf("%d thought chunks, %d text chunks", thoughts, texts)
 	}
-	if got := modelsSeen(t, h.client.Updates()); len(got) != 1 || got[0] != agent.DemoModelID {
+	if got := modelsSeen(t, h.client.Updates()); len(got) != 1 || got[0] != builtinagent.DemoModelID {
 		t.Fatalf("models %v", got)
 	}
 	u := resp.Usage
 	if u == nil || u.InputTokens <= 0 || u.OutputTokens <= 0 || u.TotalTokens != u.InputTokens+u.OutputTokens {
 		t.Fatalf("usage %+v", u)
 	}
-	if _, ok := resp.Meta[agent.MetaCost]; ok {
+	if _, ok := resp.Meta[builtinagent.MetaCost]; ok {
 		t.Fatal("the demo model reported a cost")
 	}
 	// Deterministic: the same prompt in a new session gives the same stream.
-	h2 := start(t, agent.Config{}, nil)
-	resp2 := h2.mustPrompt(t, "hello there", agent.ModeManual)
+	h2 := start(t, builtinagent.Config{}, nil)
+	resp2 := h2.mustPrompt(t, "hello there", builtinagent.ModeManual)
 	if h2.client.Text() != h.client.Text() || h2.client.Thought() != h.client.Thought() || *resp2.Usage != *resp.Usage {
 		t.Fatal("the demo model is not deterministic")
 	}
@@ -202,10 +202,10 @@ func needSandbox(t *testing.T) {
 
 func TestDemoShellManualAllowOnceIsSandboxed(t *testing.T) {
 	needSandbox(t)
-	h := start(t, agent.Config{}, nil)
-	h.client.OnPermission = agenttest.Select(agent.OptionAllowOnce)
+	h := start(t, builtinagent.Config{}, nil)
+	h.client.OnPermission = agenttest.Select(builtinagent.OptionAllowOnce)
 	outside := t.TempDir()
-	resp := h.mustPrompt(t, "$ echo hi > /tmp/f && cat /tmp/f && (touch f 2>/dev/null || echo ro) && tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' && touch "+outside+"/x", agent.ModeManual)
+	resp := h.mustPrompt(t, "$ echo hi > /tmp/f && cat /tmp/f && (touch f 2>/dev/null || echo ro) && tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' && touch "+outside+"/x", builtinagent.ModeManual)
 	if resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -223,7 +223,7 @@ func TestDemoShellManualAllowOnceIsSandboxed(t *testing.T) {
 	if strings.Join(ids, ",") != want || strings.Join(kinds, ",") != want {
 		t.Fatalf("options %v %v", ids, kinds)
 	}
-	if p.ToolCall.Title == nil || *p.ToolCall.Title != "shell" || p.Meta[agent.MetaTool] != "shell" || p.SessionId != h.session {
+	if p.ToolCall.Title == nil || *p.ToolCall.Title != "shell" || p.Meta[builtinagent.MetaTool] != "shell" || p.SessionId != h.session {
 		t.Fatalf("permission request %+v", p)
 	}
 	text := h.client.Text()
@@ -239,7 +239,7 @@ func TestDemoShellManualAllowOnceIsSandboxed(t *testing.T) {
 		t.Fatal("sandboxed command wrote outside the work dir")
 	}
 	// allow_once is not remembered: the next command asks again.
-	h.mustPrompt(t, "$ true", agent.ModeManual)
+	h.mustPrompt(t, "$ true", builtinagent.ModeManual)
 	if n := len(h.client.Permissions()); n != 2 {
 		t.Fatalf("%d permission requests after a second command", n)
 	}
@@ -254,20 +254,20 @@ func TestDemoShellManualGrants(t *testing.T) {
 		wantSecond string // in the second answer, which must not ask
 		askAgain   bool
 	}{
-		{"allow_always lifts the sandbox for the session", agent.OptionAllowAlways, `"sandboxed":false`, `"sandboxed":false`, false},
-		{"reject_once refuses once", agent.OptionRejectOnce, "the user rejected this command", "the user rejected this command", true},
-		{"reject_always refuses for the session", agent.OptionRejectAlways, "any further shell command", "refused shell commands for the rest of this session", false},
+		{"allow_always lifts the sandbox for the session", builtinagent.OptionAllowAlways, `"sandboxed":false`, `"sandboxed":false`, false},
+		{"reject_once refuses once", builtinagent.OptionRejectOnce, "the user rejected this command", "the user rejected this command", true},
+		{"reject_always refuses for the session", builtinagent.OptionRejectAlways, "any further shell command", "refused shell commands for the rest of this session", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := start(t, agent.Config{}, nil)
+			h := start(t, builtinagent.Config{}, nil)
 			h.client.OnPermission = agenttest.Select(c.option)
-			h.mustPrompt(t, "$ echo one > one", agent.ModeManual)
+			h.mustPrompt(t, "$ echo one > one", builtinagent.ModeManual)
 			if !strings.Contains(h.client.Text(), c.wantFirst) {
 				t.Fatalf("first answer %q", h.client.Text())
 			}
 			h.client.Reset()
-			h.mustPrompt(t, "$ echo two > two", agent.ModeManual)
+			h.mustPrompt(t, "$ echo two > two", builtinagent.ModeManual)
 			if !strings.Contains(h.client.Text(), c.wantSecond) {
 				t.Fatalf("second answer %q", h.client.Text())
 			}
@@ -275,7 +275,7 @@ func TestDemoShellManualGrants(t *testing.T) {
 				t.Fatalf("asked again: %v", asked)
 			}
 			_, errOne := os.Stat(filepath.Join(h.dir, "one"))
-			if ran := errOne == nil; ran != (c.option == agent.OptionAllowAlways) {
+			if ran := errOne == nil; ran != (c.option == builtinagent.OptionAllowAlways) {
 				t.Fatalf("first command ran: %v", ran)
 			}
 		})
@@ -284,9 +284,9 @@ func TestDemoShellManualGrants(t *testing.T) {
 
 func TestDemoShellSelfDriveUnsandboxedAndScrubbed(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "sk-must-not-leak")
-	h := start(t, agent.Config{}, nil)
+	h := start(t, builtinagent.Config{}, nil)
 	outside := t.TempDir()
-	h.mustPrompt(t, "$ echo key=$OPENAI_API_KEY && touch "+outside+"/x", agent.ModeSelfDrive)
+	h.mustPrompt(t, "$ echo key=$OPENAI_API_KEY && touch "+outside+"/x", builtinagent.ModeSelfDrive)
 	if len(h.client.Permissions()) != 0 {
 		t.Fatal("self-drive asked for permission")
 	}
@@ -302,27 +302,27 @@ func TestDemoShellSelfDriveUnsandboxedAndScrubbed(t *testing.T) {
 func TestApprovalModeSignalling(t *testing.T) {
 	needSandbox(t)
 	t.Run("session default applies to prompts without a mode", func(t *testing.T) {
-		h := start(t, agent.Config{}, map[string]any{agent.MetaApprovalMode: agent.ModeSelfDrive})
+		h := start(t, builtinagent.Config{}, map[string]any{builtinagent.MetaApprovalMode: builtinagent.ModeSelfDrive})
 		h.mustPrompt(t, "$ true", "")
 		if len(h.client.Permissions()) != 0 {
 			t.Fatal("asked under a self-drive session default")
 		}
-		h.client.OnPermission = agenttest.Select(agent.OptionRejectOnce)
-		h.mustPrompt(t, "$ true", agent.ModeManual)
+		h.client.OnPermission = agenttest.Select(builtinagent.OptionRejectOnce)
+		h.mustPrompt(t, "$ true", builtinagent.ModeManual)
 		if len(h.client.Permissions()) != 1 {
 			t.Fatal("a manual prompt did not ask")
 		}
 	})
 	t.Run("manual when nothing says otherwise", func(t *testing.T) {
-		h := start(t, agent.Config{}, nil)
-		h.client.OnPermission = agenttest.Select(agent.OptionRejectOnce)
+		h := start(t, builtinagent.Config{}, nil)
+		h.client.OnPermission = agenttest.Select(builtinagent.OptionRejectOnce)
 		h.mustPrompt(t, "$ true", "")
 		if len(h.client.Permissions()) != 1 {
 			t.Fatal("did not ask")
 		}
 	})
 	t.Run("unknown mode refused", func(t *testing.T) {
-		h := start(t, agent.Config{}, nil)
+		h := start(t, builtinagent.Config{}, nil)
 		_, err := h.prompt(t, "$ true", "yolo")
 		var re *acp.RequestError
 		if !errors.As(err, &re) || re.Code != -32602 || !strings.Contains(re.Error(), "approval_mode") {
@@ -347,11 +347,11 @@ func TestDemoQuestion(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := start(t, agent.Config{}, nil)
+			h := start(t, builtinagent.Config{}, nil)
 			h.client.OnElicit = func(context.Context, acp.UnstableCreateElicitationRequest) (acp.UnstableCreateElicitationResponse, error) {
 				return c.reply, nil
 			}
-			resp := h.mustPrompt(t, "what is the answer?", agent.ModeManual)
+			resp := h.mustPrompt(t, "what is the answer?", builtinagent.ModeManual)
 			if resp.StopReason != acp.StopReasonEndTurn || h.client.Text() != c.want {
 				t.Fatalf("stop %q text %q", resp.StopReason, h.client.Text())
 			}
@@ -360,7 +360,7 @@ func TestDemoQuestion(t *testing.T) {
 				t.Fatalf("elicitations %+v", el)
 			}
 			f := el[0].Form
-			if f.Meta[agent.MetaSessionID] != string(h.session) || f.Meta[agent.MetaToolCallID] == "" || !strings.Contains(f.Message, "what is the answer?") {
+			if f.Meta[builtinagent.MetaSessionID] != string(h.session) || f.Meta[builtinagent.MetaToolCallID] == "" || !strings.Contains(f.Message, "what is the answer?") {
 				t.Fatalf("form %+v", f)
 			}
 			prop, _ := f.RequestedSchema.Properties["answer"].(map[string]any)
@@ -395,8 +395,8 @@ func TestUpstreamTurn(t *testing.T) {
 			agenttest.Usage(m, 150, 5, 60, 0.0025),
 		}},
 	)
-	h := start(t, agent.Config{Model: "configured-model", BaseURL: up.BaseURL(), APIKey: key}, nil)
-	resp := h.mustPrompt(t, "say hi", agent.ModeSelfDrive)
+	h := start(t, builtinagent.Config{Model: "configured-model", BaseURL: up.BaseURL(), APIKey: key}, nil)
+	resp := h.mustPrompt(t, "say hi", builtinagent.ModeSelfDrive)
 	if resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -413,10 +413,10 @@ func TestUpstreamTurn(t *testing.T) {
 	if u == nil || u.InputTokens != 250 || u.OutputTokens != 25 || u.TotalTokens != 275 || u.CachedReadTokens == nil || *u.CachedReadTokens != 100 {
 		t.Fatalf("usage %+v", u)
 	}
-	if cost, _ := resp.Meta[agent.MetaCost].(float64); cost < 0.00349 || cost > 0.00351 {
-		t.Fatalf("cost %v", resp.Meta[agent.MetaCost])
+	if cost, _ := resp.Meta[builtinagent.MetaCost].(float64); cost < 0.00349 || cost > 0.00351 {
+		t.Fatalf("cost %v", resp.Meta[builtinagent.MetaCost])
 	}
-	if resp.Meta[agent.MetaModel] != m {
+	if resp.Meta[builtinagent.MetaModel] != m {
 		t.Fatalf("meta %v", resp.Meta)
 	}
 	reqs := up.Requests()
@@ -456,9 +456,9 @@ func lastMessage(t *testing.T, req map[string]any) map[string]any {
 func TestUpstreamNoUsage(t *testing.T) {
 	const m = "m"
 	up := agenttest.NewUpstream(t, agenttest.Step{Chunks: []string{agenttest.Text(m, "ok"), agenttest.Finish(m, "stop")}})
-	h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
-	resp := h.mustPrompt(t, "hi", agent.ModeManual)
-	if resp.Usage != nil || resp.Meta[agent.MetaCost] != nil {
+	h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
+	resp := h.mustPrompt(t, "hi", builtinagent.ModeManual)
+	if resp.Usage != nil || resp.Meta[builtinagent.MetaCost] != nil {
 		t.Fatalf("usage %+v meta %v", resp.Usage, resp.Meta)
 	}
 }
@@ -480,8 +480,8 @@ func TestUpstreamFailures(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			up := agenttest.NewUpstream(t, c.step, agenttest.Answer(m, 1, 1, "recovered"))
-			h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL(), APIKey: "sk-x", IdleTimeout: 300 * time.Millisecond}, nil)
-			_, err := h.prompt(t, "hi", agent.ModeManual)
+			h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL(), APIKey: "sk-x", IdleTimeout: 300 * time.Millisecond}, nil)
+			_, err := h.prompt(t, "hi", builtinagent.ModeManual)
 			var re *acp.RequestError
 			if !errors.As(err, &re) {
 				t.Fatalf("err %v", err)
@@ -492,7 +492,7 @@ func TestUpstreamFailures(t *testing.T) {
 			}
 			// The session survives: the next prompt works.
 			h.client.Reset()
-			if resp := h.mustPrompt(t, "again", agent.ModeManual); resp.StopReason != acp.StopReasonEndTurn || h.client.Text() != "recovered" {
+			if resp := h.mustPrompt(t, "again", builtinagent.ModeManual); resp.StopReason != acp.StopReasonEndTurn || h.client.Text() != "recovered" {
 				t.Fatalf("after failure: %q %q", resp.StopReason, h.client.Text())
 			}
 		})
@@ -502,7 +502,7 @@ func TestUpstreamFailures(t *testing.T) {
 func TestCancelMidStream(t *testing.T) {
 	const m = "m"
 	up := agenttest.NewUpstream(t, agenttest.Step{Chunks: []string{agenttest.Text(m, "partial ")}, Hang: true}, agenttest.Answer(m, 1, 1, "next"))
-	h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL(), IdleTimeout: time.Minute}, nil)
+	h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL(), IdleTimeout: time.Minute}, nil)
 	go func() {
 		for h.client.Text() == "" {
 			time.Sleep(5 * time.Millisecond)
@@ -510,12 +510,12 @@ func TestCancelMidStream(t *testing.T) {
 		_ = h.conn.Cancel(context.Background(), acp.CancelNotification{SessionId: h.session})
 	}()
 	began := time.Now()
-	resp := h.mustPrompt(t, "hi", agent.ModeManual)
+	resp := h.mustPrompt(t, "hi", builtinagent.ModeManual)
 	if resp.StopReason != acp.StopReasonCancelled || time.Since(began) > 10*time.Second {
 		t.Fatalf("stop %q after %v", resp.StopReason, time.Since(began))
 	}
 	// What the user saw stays in the conversation.
-	h.mustPrompt(t, "go on", agent.ModeManual)
+	h.mustPrompt(t, "go on", builtinagent.ModeManual)
 	msgs, _ := up.Requests()[1]["messages"].([]any)
 	if b, _ := json.Marshal(msgs); !strings.Contains(string(b), `"content":"partial "`) {
 		t.Fatalf("history %s", b)
@@ -535,8 +535,8 @@ func TestMalformedToolArguments(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			up := agenttest.NewUpstream(t, agenttest.Call(m, "call_bad", c.tool, c.args), agenttest.Answer(m, 1, 1, "sorry"))
-			h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
-			resp := h.mustPrompt(t, "do it", agent.ModeSelfDrive)
+			h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
+			resp := h.mustPrompt(t, "do it", builtinagent.ModeSelfDrive)
 			if resp.StopReason != acp.StopReasonEndTurn || h.client.Text() != "sorry" {
 				t.Fatalf("stop %q text %q", resp.StopReason, h.client.Text())
 			}
@@ -557,7 +557,7 @@ func TestMalformedToolArguments(t *testing.T) {
 func TestCancelDuringPermissionWait(t *testing.T) {
 	const m = "m"
 	up := agenttest.NewUpstream(t, agenttest.Call(m, "call_1", "shell", `{"command":"touch ran"}`), agenttest.Answer(m, 1, 1, "fresh"))
-	h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
+	h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL()}, nil)
 	asked := make(chan struct{})
 	released := make(chan struct{})
 	h.client.OnPermission = func(ctx context.Context, p acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
@@ -570,7 +570,7 @@ func TestCancelDuringPermissionWait(t *testing.T) {
 		<-asked
 		_ = h.conn.Cancel(context.Background(), acp.CancelNotification{SessionId: h.session})
 	}()
-	resp := h.mustPrompt(t, "touch it", agent.ModeManual)
+	resp := h.mustPrompt(t, "touch it", builtinagent.ModeManual)
 	if resp.StopReason != acp.StopReasonCancelled {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -583,7 +583,7 @@ func TestCancelDuringPermissionWait(t *testing.T) {
 		t.Fatal("the command ran after a cancelled permission")
 	}
 	// The next turn sends a valid conversation: the unanswered call has a result.
-	h.mustPrompt(t, "again", agent.ModeManual)
+	h.mustPrompt(t, "again", builtinagent.ModeManual)
 	msgs, _ := up.Requests()[1]["messages"].([]any)
 	b, _ := json.Marshal(msgs)
 	if !strings.Contains(string(b), `"tool_call_id":"call_1"`) || !strings.Contains(string(b), "cancelled before this tool ran") {
@@ -592,8 +592,8 @@ func TestCancelDuringPermissionWait(t *testing.T) {
 }
 
 func TestPermissionCancelledOutcomeEndsTurn(t *testing.T) {
-	h := start(t, agent.Config{}, nil) // OnPermission nil answers "cancelled"
-	resp := h.mustPrompt(t, "$ touch ran", agent.ModeManual)
+	h := start(t, builtinagent.Config{}, nil) // OnPermission nil answers "cancelled"
+	resp := h.mustPrompt(t, "$ touch ran", builtinagent.ModeManual)
 	if resp.StopReason != acp.StopReasonCancelled {
 		t.Fatalf("stop %q", resp.StopReason)
 	}
@@ -604,27 +604,27 @@ func TestPermissionCancelledOutcomeEndsTurn(t *testing.T) {
 
 func TestModelSelection(t *testing.T) {
 	up := agenttest.NewUpstream(t, agenttest.Answer("served", 1, 1, "a"), agenttest.Answer("served", 1, 1, "b"), agenttest.Answer("served", 1, 1, "c"))
-	h := start(t, agent.Config{Model: "default-model", BaseURL: up.BaseURL()}, map[string]any{agent.MetaModel: "from-meta"})
-	h.mustPrompt(t, "1", agent.ModeManual)
+	h := start(t, builtinagent.Config{Model: "default-model", BaseURL: up.BaseURL()}, map[string]any{builtinagent.MetaModel: "from-meta"})
+	h.mustPrompt(t, "1", builtinagent.ModeManual)
 	if _, err := h.conn.SetSessionConfigOption(context.Background(), acp.SetSessionConfigOptionRequest{ValueId: &acp.SetSessionConfigOptionValueId{
-		SessionId: h.session, ConfigId: agent.ConfigModel, Value: "from-option"}}); err != nil {
+		SessionId: h.session, ConfigId: builtinagent.ConfigModel, Value: "from-option"}}); err != nil {
 		t.Fatal(err)
 	}
-	h.mustPrompt(t, "2", agent.ModeManual)
-	if _, err := h.conn.UnstableSetSessionModel(context.Background(), acp.UnstableSetSessionModelRequest{SessionId: h.session, ModelId: agent.DemoModelID}); err != nil {
+	h.mustPrompt(t, "2", builtinagent.ModeManual)
+	if _, err := h.conn.UnstableSetSessionModel(context.Background(), acp.UnstableSetSessionModelRequest{SessionId: h.session, ModelId: builtinagent.DemoModelID}); err != nil {
 		t.Fatal(err)
 	}
 	h.client.Reset()
-	h.mustPrompt(t, "3", agent.ModeManual)
+	h.mustPrompt(t, "3", builtinagent.ModeManual)
 	reqs := up.Requests()
 	if len(reqs) != 2 || reqs[0]["model"] != "from-meta" || reqs[1]["model"] != "from-option" {
 		t.Fatalf("models asked: %v", reqs)
 	}
-	if got := modelsSeen(t, h.client.Updates()); len(got) != 1 || got[0] != agent.DemoModelID {
+	if got := modelsSeen(t, h.client.Updates()); len(got) != 1 || got[0] != builtinagent.DemoModelID {
 		t.Fatalf("demo updates: %v", got)
 	}
 	_, err := h.conn.SetSessionConfigOption(context.Background(), acp.SetSessionConfigOptionRequest{ValueId: &acp.SetSessionConfigOptionValueId{
-		SessionId: h.session, ConfigId: agent.ConfigModel, Value: acp.SessionConfigValueId(strings.Repeat("m", 257))}})
+		SessionId: h.session, ConfigId: builtinagent.ConfigModel, Value: acp.SessionConfigValueId(strings.Repeat("m", 257))}})
 	if err == nil {
 		t.Fatal("a 257-character model id was accepted")
 	}
@@ -633,7 +633,7 @@ func TestModelSelection(t *testing.T) {
 func TestNewSessionAdvertisesModelOption(t *testing.T) {
 	agentIn, clientOut := io.Pipe()
 	clientIn, agentOut := io.Pipe()
-	go agent.Serve(context.Background(), agent.Config{Model: "gpt-x"}, agentIn, agentOut)
+	go builtinagent.Serve(context.Background(), builtinagent.Config{Model: "gpt-x"}, agentIn, agentOut)
 	defer clientOut.Close()
 	conn := acp.NewClientSideConnection(&agenttest.Client{}, clientOut, clientIn)
 	if _, err := conn.Initialize(context.Background(), agenttest.Initialize()); err != nil {
@@ -647,7 +647,7 @@ func TestNewSessionAdvertisesModelOption(t *testing.T) {
 		t.Fatalf("%+v", s.ConfigOptions)
 	}
 	o := s.ConfigOptions[0].Select
-	if o.Id != agent.ConfigModel || o.Category == nil || *o.Category != acp.SessionConfigOptionCategoryModel || o.CurrentValue != "gpt-x" ||
+	if o.Id != builtinagent.ConfigModel || o.Category == nil || *o.Category != acp.SessionConfigOptionCategoryModel || o.CurrentValue != "gpt-x" ||
 		s.Models == nil || s.Models.CurrentModelId != "gpt-x" {
 		t.Fatalf("%+v %+v", o, s.Models)
 	}
@@ -655,11 +655,11 @@ func TestNewSessionAdvertisesModelOption(t *testing.T) {
 
 func TestSessionLoad(t *testing.T) {
 	state := t.TempDir()
-	h := start(t, agent.Config{StateDir: state}, nil)
-	h.mustPrompt(t, "remember me", agent.ModeManual)
+	h := start(t, builtinagent.Config{StateDir: state}, nil)
+	h.mustPrompt(t, "remember me", builtinagent.ModeManual)
 
 	// A new agent process on the same state directory.
-	h2 := start(t, agent.Config{StateDir: state}, nil)
+	h2 := start(t, builtinagent.Config{StateDir: state}, nil)
 	h2.client.Reset()
 	if _, err := h2.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: h.session, Cwd: h.dir, McpServers: []acp.McpServer{}}); err != nil {
 		t.Fatal(err)
@@ -678,21 +678,21 @@ func TestSessionLoad(t *testing.T) {
 	}
 	h2.session = h.session
 	h2.client.Reset()
-	h2.mustPrompt(t, "again", agent.ModeManual)
+	h2.mustPrompt(t, "again", builtinagent.ModeManual)
 	if !strings.HasSuffix(h2.client.Text(), "You said: again") {
 		t.Fatalf("after load: %q", h2.client.Text())
 	}
 
 	// A load may change the model (the intern's model changed meanwhile).
 	up := agenttest.NewUpstream(t, agenttest.Answer("served", 1, 1, "ok"))
-	h3 := start(t, agent.Config{StateDir: state, BaseURL: up.BaseURL()}, nil)
+	h3 := start(t, builtinagent.Config{StateDir: state, BaseURL: up.BaseURL()}, nil)
 	res, err := h3.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: h.session, Cwd: h.dir, McpServers: []acp.McpServer{},
-		Meta: map[string]any{agent.MetaModel: "new-model"}})
+		Meta: map[string]any{builtinagent.MetaModel: "new-model"}})
 	if err != nil || res.Models == nil || res.Models.CurrentModelId != "new-model" {
 		t.Fatalf("load with model: %+v %v", res, err)
 	}
 	h3.session = h.session
-	h3.mustPrompt(t, "third", agent.ModeManual)
+	h3.mustPrompt(t, "third", builtinagent.ModeManual)
 	msgs, _ := up.Requests()[0]["messages"].([]any)
 	if up.Requests()[0]["model"] != "new-model" || len(msgs) != 6 { // system + 2 turns of user/assistant + this prompt
 		t.Fatalf("request after load: %v", up.Requests()[0])
@@ -707,7 +707,7 @@ func TestSessionLoad(t *testing.T) {
 }
 
 func TestUnknownSession(t *testing.T) {
-	h := start(t, agent.Config{}, nil)
+	h := start(t, builtinagent.Config{}, nil)
 	_, err := h.conn.Prompt(context.Background(), acp.PromptRequest{SessionId: "sess_nope", Prompt: []acp.ContentBlock{acp.TextBlock("hi")}})
 	var re *acp.RequestError
 	if !errors.As(err, &re) || re.Code != -32602 {
@@ -738,8 +738,8 @@ func TestShellBoundsReachModel(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			args, _ := json.Marshal(map[string]string{"command": c.command})
 			up := agenttest.NewUpstream(t, agenttest.Call(m, "call_1", "shell", string(args)), agenttest.Answer(m, 1, 1, "ok"))
-			h := start(t, agent.Config{Model: m, BaseURL: up.BaseURL(), MaxToolOutput: 100, ShellTimeout: 300 * time.Millisecond}, nil)
-			h.mustPrompt(t, "run", agent.ModeSelfDrive)
+			h := start(t, builtinagent.Config{Model: m, BaseURL: up.BaseURL(), MaxToolOutput: 100, ShellTimeout: 300 * time.Millisecond}, nil)
+			h.mustPrompt(t, "run", builtinagent.ModeSelfDrive)
 			content, _ := lastMessage(t, up.Requests()[1])["content"].(string)
 			var r map[string]any
 			if err := json.Unmarshal([]byte(content), &r); err != nil || !c.check(r) {
@@ -752,8 +752,8 @@ func TestShellBoundsReachModel(t *testing.T) {
 func TestUpstreamErrorRedactsKey(t *testing.T) {
 	const key = "sk-echoed-by-a-bad-proxy"
 	up := agenttest.NewUpstream(t, agenttest.Step{Status: 401, ErrorMessage: "invalid key " + key})
-	h := start(t, agent.Config{Model: "m", BaseURL: up.BaseURL(), APIKey: key}, nil)
-	_, err := h.prompt(t, "hi", agent.ModeManual)
+	h := start(t, builtinagent.Config{Model: "m", BaseURL: up.BaseURL(), APIKey: key}, nil)
+	_, err := h.prompt(t, "hi", builtinagent.ModeManual)
 	if err == nil || strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "HTTP 401: invalid key [redacted]") {
 		t.Fatalf("err %v", err)
 	}
@@ -763,7 +763,7 @@ func TestUpstreamErrorRedactsKey(t *testing.T) {
 }
 
 func TestPromptResourceLink(t *testing.T) {
-	h := start(t, agent.Config{}, nil)
+	h := start(t, builtinagent.Config{}, nil)
 	resp, err := h.conn.Prompt(context.Background(), acp.PromptRequest{SessionId: h.session, Prompt: []acp.ContentBlock{
 		acp.TextBlock("look at"), acp.ResourceLinkBlock("notes", "file:///notes.txt"),
 	}})
@@ -784,14 +784,14 @@ func TestCancelDuringQuestionAndCommand(t *testing.T) {
 		name, prompt, mode string
 		setup              func(h *harness, waiting chan<- struct{})
 	}{
-		{"question", "anything?", agent.ModeManual, func(h *harness, waiting chan<- struct{}) {
+		{"question", "anything?", builtinagent.ModeManual, func(h *harness, waiting chan<- struct{}) {
 			h.client.OnElicit = func(ctx context.Context, _ acp.UnstableCreateElicitationRequest) (acp.UnstableCreateElicitationResponse, error) {
 				close(waiting)
 				<-ctx.Done()
 				return acp.NewUnstableCreateElicitationResponseCancel(), nil
 			}
 		}},
-		{"command", "$ touch started && sleep 30 && touch finished", agent.ModeSelfDrive, func(h *harness, waiting chan<- struct{}) {
+		{"command", "$ touch started && sleep 30 && touch finished", builtinagent.ModeSelfDrive, func(h *harness, waiting chan<- struct{}) {
 			go func() {
 				for {
 					if _, err := os.Stat(filepath.Join(h.dir, "started")); err == nil {
@@ -805,7 +805,7 @@ func TestCancelDuringQuestionAndCommand(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := start(t, agent.Config{}, nil)
+			h := start(t, builtinagent.Config{}, nil)
 			waiting := make(chan struct{})
 			c.setup(h, waiting)
 			go func() {
@@ -822,7 +822,7 @@ func TestCancelDuringQuestionAndCommand(t *testing.T) {
 			}
 			// The session goes on.
 			h.client.Reset()
-			if h.mustPrompt(t, "hi", agent.ModeManual); h.client.Text() != "Hello from cohort/demo. You said: hi" {
+			if h.mustPrompt(t, "hi", builtinagent.ModeManual); h.client.Text() != "Hello from cohort/demo. You said: hi" {
 				t.Fatalf("after cancel: %q", h.client.Text())
 			}
 		})
@@ -834,8 +834,8 @@ func TestCancelDuringQuestionAndCommand(t *testing.T) {
 // file, history included.
 func TestIdleSessionsLeaveMemory(t *testing.T) {
 	state := t.TempDir()
-	h := start(t, agent.Config{StateDir: state, SessionIdleTTL: 100 * time.Millisecond}, nil)
-	h.mustPrompt(t, "remember this", agent.ModeSelfDrive)
+	h := start(t, builtinagent.Config{StateDir: state, SessionIdleTTL: 100 * time.Millisecond}, nil)
+	h.mustPrompt(t, "remember this", builtinagent.ModeSelfDrive)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(h.logs.String(), `"msg":"agent: idle sessions left memory","forgotten":1,"live":0`) {
 		if time.Now().After(deadline) {
@@ -843,11 +843,11 @@ func TestIdleSessionsLeaveMemory(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if resp := h.mustPrompt(t, "and this", agent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
+	if resp := h.mustPrompt(t, "and this", builtinagent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("prompt after leaving memory: %v", resp.StopReason)
 	}
 	// A second client loads it: both prompts are in its history.
-	h2 := start(t, agent.Config{StateDir: state}, nil)
+	h2 := start(t, builtinagent.Config{StateDir: state}, nil)
 	if _, err := h2.conn.LoadSession(context.Background(), acp.LoadSessionRequest{SessionId: h.session, Cwd: h.dir, McpServers: []acp.McpServer{}}); err != nil {
 		t.Fatal(err)
 	}
@@ -861,16 +861,16 @@ func TestIdleSessionsLeaveMemory(t *testing.T) {
 // SessionIdleTTL, and a later prompt brings one back from its file.
 func TestSessionsBounded(t *testing.T) {
 	state := t.TempDir()
-	h := start(t, agent.Config{StateDir: state, MaxSessions: 4}, nil)
+	h := start(t, builtinagent.Config{StateDir: state, MaxSessions: 4}, nil)
 	first := h.session
-	h.mustPrompt(t, "remember this", agent.ModeSelfDrive)
+	h.mustPrompt(t, "remember this", builtinagent.ModeSelfDrive)
 	for range 5 {
 		res, err := h.conn.NewSession(context.Background(), acp.NewSessionRequest{Cwd: h.dir, McpServers: []acp.McpServer{}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.session = res.SessionId
-		h.mustPrompt(t, "hi", agent.ModeSelfDrive)
+		h.mustPrompt(t, "hi", builtinagent.ModeSelfDrive)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(h.logs.String(), `"msg":"agent: idle sessions left memory"`) {
@@ -880,7 +880,7 @@ func TestSessionsBounded(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	h.session = first
-	if resp := h.mustPrompt(t, "and this", agent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
+	if resp := h.mustPrompt(t, "and this", builtinagent.ModeSelfDrive); resp.StopReason != acp.StopReasonEndTurn {
 		t.Fatalf("prompt after leaving memory: %v", resp.StopReason)
 	}
 }
