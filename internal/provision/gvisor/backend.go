@@ -306,7 +306,7 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret, r
 		return fail(err)
 	}
 	d.listeners = append(d.listeners, fwd)
-	go forward(fwd, sb.daemonSock())
+	go bridge(fwd, sb.daemonSock())
 	d.url = "http://" + fwd.Addr().String()
 	b.watch(d, exited)
 	return d, nil
@@ -484,25 +484,5 @@ func serveRelay(ln net.Listener, id string, kind byte, dj localjail.DaemonJail) 
 			continue
 		}
 		go dj.Relay.Serve(id, kind, c)
-	}
-}
-
-// forward passes each connection to the daemon's address on the gateway's
-// loopback to its socket in the sandbox.
-func forward(ln net.Listener, sock string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			up, err := net.Dial("unix", sock)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			splice(c, up)
-		}()
 	}
 }

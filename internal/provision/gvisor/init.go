@@ -103,8 +103,10 @@ func runInit(conf string) int {
 	return 0
 }
 
-// bridge passes each connection to the relay's loopback port to the
-// gateway's host socket of its kind.
+// bridge passes each connection accepted on ln to the unix socket sock:
+// in the sandbox, a relay's loopback port to the gateway's host socket of
+// its kind; in the gateway, the daemon's loopback address to its socket in
+// the sandbox.
 func bridge(ln net.Listener, sock string) {
 	for {
 		c, err := ln.Accept()
