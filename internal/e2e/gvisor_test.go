@@ -192,6 +192,13 @@ func TestThirdPartyAgentsGVisor(t *testing.T) {
 			}
 			session := `"session_id":` + jsonStr(s.Session.(string))
 			s = a.turn(t, "cohort-run: echo c > self.txt && dmesg | head -1 && echo self-4''2", `"approval_mode":"self-drive"`, session)
+			if s.Finish == "stop" && strings.Contains(s.Text, "(no output)") {
+				// OpenCode's shell tool under gVisor once reported no output
+				// of a command that printed (CI, once in four runs): asked
+				// again, the command must print.
+				t.Logf("self-drive: the agent's tool reported no output; asking again")
+				s = a.turn(t, "cohort-run: echo c > self.txt && dmesg | head -1 && echo self-4''2", `"approval_mode":"self-drive"`, session)
+			}
 			if s.Finish != "stop" || !strings.Contains(s.Text, "self-42") || !strings.Contains(s.Text, "Starting gVisor") {
 				t.Fatalf("self-drive: finish %q text %q error %v\n%s", s.Finish, s.Text, s.Error, tail(a.gw.stderr.String(), 4000))
 			}
