@@ -470,7 +470,14 @@ func startProgram(s *Spec, privileged bool, nfiles int, out *os.File) int {
 		files = append(files, uintptr(fdFirst+i))
 	}
 	sys := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
-	if !privileged {
+	if !privileged && s.View != "" {
+		// A prepared view has no /proc, through which a fork writes a new
+		// user namespace's maps: the program stays the init's user (0 of
+		// the jail's namespace) and holds no capability, for good.
+		if err := dropCapabilities(); err != nil {
+			fail("drop capabilities", err, "")
+		}
+	} else if !privileged {
 		// A user namespace of its own, as uid 1000: the program holds no
 		// capability over the mounts the init made.
 		sys.Cloneflags = syscall.CLONE_NEWUSER
@@ -487,6 +494,24 @@ func startProgram(s *Spec, privileged bool, nfiles int, out *os.File) int {
 		unix.Close(int(fd))
 	}
 	return pid
+}
+
+// dropCapabilities empties this thread's capability sets, its bounding set
+// (no exec can grant one back, not even as uid 0) and its ambient set; the
+// program is forked from this thread.
+func dropCapabilities() error {
+	for c := 0; c <= 63; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("bounding set: %w", err)
+		}
+	}
+	unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return nil
 }
 
 func lookPath(name string, env []string) string {
@@ -517,6 +542,17 @@ func buildRoot(s *Spec) {
 			}
 			fail(step, err, hint)
 		}
+	}
+	if s.View != "" {
+		// A view made ready: the init holds capabilities only in its own
+		// user namespace and its program none (startProgram), so nothing
+		// the program runs can chroot again to leave it.
+		if len(s.Binds)+len(s.Files)+len(s.Symlinks)+len(s.Hide) > 0 {
+			fail("enter the view", errors.New("binds, files, symlinks or hidden paths with a prepared view"), "")
+		}
+		must("enter the view", unix.Chroot(s.View))
+		must("chdir /", os.Chdir("/"))
+		return
 	}
 	// Nothing mounted here propagates back to the caller's view.
 	must("make mounts private", unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""))
@@ -773,6 +809,11 @@ func loopbackUp() error {
 	}
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
 		return err
+	}
+	if ifr.Uint16()&unix.IFF_UP != 0 {
+		// gVisor's netstack makes a namespace's loopback up, and sets no
+		// interface flags.
+		return nil
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)

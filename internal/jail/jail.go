@@ -101,6 +101,14 @@ type Spec struct {
 	// empty one (a stricter jail inside a jail). Otherwise the root holds
 	// only Binds, Symlinks, Files, a minimal /dev, /proc and /tmp.
 	Inherit bool `json:"inherit,omitempty"`
+	// View, when set, is a root made ready before the jail (a directory
+	// of the caller's view, read-only, with a /tmp and /dev of its own):
+	// the init enters it by chroot instead of building one with mounts,
+	// and Binds, Symlinks, Files and Hide must be empty. gVisor's kernel
+	// of this release mounts nothing in a user namespace, so a sandbox's
+	// runtime makes its commands' view when it starts (CommandView,
+	// ADR 0985). There is no /proc unless the view has one.
+	View string `json:"view,omitempty"`
 	// Binds are mounted in order; a later one may sit inside an earlier.
 	Binds []Bind `json:"binds,omitempty"`
 	// Symlinks maps a path inside the jail to its target (merged /usr:
@@ -153,6 +161,11 @@ type Spec struct {
 	// protocol. The init re-executes its own binary for the seccomp shim.
 	Init string `json:"-"`
 }
+
+// CommandView is where a gVisor sandbox holds its commands' view (Spec.View):
+// the sandbox's binds again, every one read-only, with a /tmp and a /dev of
+// its own (internal/provision/gvisor).
+const CommandView = "/run/cohort/commands"
 
 // Jail is a started or attached jail.
 type Jail struct {

@@ -52,6 +52,10 @@ type report struct {
 	Passwd     string   `json:"passwd"`
 	Hidden     []string `json:"hidden"` // what a hidden directory lists
 	FDs        []string `json:"fds"`    // the program's descriptors
+	// CapGet is the effective set as capget(2) tells it (no /proc needed),
+	// BoundSysAdmin whether CAP_SYS_ADMIN is in the bounding set.
+	CapGet        uint32 `json:"capget"`
+	BoundSysAdmin bool   `json:"bound_sys_admin"`
 }
 
 func errString(err error) string {
@@ -112,6 +116,12 @@ func inside() {
 		r.Hidden = append(r.Hidden, e.Name())
 	}
 	r.FDs = ownFDs()
+	var data [2]unix.CapUserData
+	if unix.Capget(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &data[0]) == nil {
+		r.CapGet = data[0].Effective | data[1].Effective
+	}
+	bound, _ := unix.PrctlRetInt(unix.PR_CAPBSET_READ, unix.CAP_SYS_ADMIN, 0, 0, 0)
+	r.BoundSysAdmin = bound == 1
 	if f := os.NewFile(3, "fd3"); f != nil {
 		b, _ := io.ReadAll(f)
 		r.Fd3 = string(b)

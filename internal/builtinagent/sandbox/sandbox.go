@@ -6,7 +6,9 @@
 // intern's jail, that is the jail's view), a writable work directory, a
 // private writable /tmp, no network (a network namespace with only `lo`)
 // and a fresh PID namespace, as uid 1000 of a user namespace of their own
-// with no capabilities; they die with the agent. Both modes bound the
+// with no capabilities; they die with the agent. In a gVisor sandbox, whose
+// kernel mounts nothing in a user namespace, they enter the read-only view
+// the sandbox made for them instead (jail.CommandView, ADR 0985). Both modes bound the
 // command's time and the output kept, and run it with an environment
 // scrubbed of credentials, so the model never reads the agent's API key
 // through the shell.
@@ -20,6 +22,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -81,7 +85,7 @@ var (
 // Available reports whether confined runs can be made here (checked once).
 func Available() bool {
 	probeOnce.Do(func() {
-		probeErr = jail.Probe(jail.Spec{Inherit: true, UserNS: true})
+		probeErr = jail.Probe(confinedJail(jail.Spec{Inherit: true, UserNS: true}, ""))
 	})
 	return probeErr == nil
 }
@@ -161,18 +165,16 @@ func runDirect(ctx context.Context, s Spec, out *capped) (int, error) {
 // the jail's init ends its PID namespace, and so everything the command
 // started.
 func runConfined(ctx context.Context, s Spec, out *capped) (int, error) {
+	spec, done, err := confinedSpec(s)
+	if err != nil {
+		return -1, err
+	}
+	defer done()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return -1, err
 	}
-	j, err := jail.Start(jail.Spec{
-		Argv: []string{"/bin/sh", "-c", s.Command}, Env: Environ(os.Environ()), Dir: s.Dir,
-		// Everything read-only, the work directory included (bound again
-		// in case it is under /tmp): only the jail's private /tmp takes
-		// writes until the caller escalates.
-		Inherit: true, UserNS: true, Hostname: "sandbox",
-		Binds: []jail.Bind{{Src: s.Dir, Dst: s.Dir}},
-	}, jail.Options{Stdout: w, Stderr: w})
+	j, err := jail.Start(spec, jail.Options{Stdout: w, Stderr: w})
 	w.Close()
 	if err != nil {
 		r.Close()
@@ -200,6 +202,58 @@ func runConfined(ctx context.Context, s Spec, out *capped) (int, error) {
 		return code, fmt.Errorf("%w: %s", ErrUnavailable, strings.TrimSpace(out.buf.String()))
 	}
 	return code, nil
+}
+
+// confinedSpec is the jail of one confined command: everything read-only,
+// the work directory included (bound again in case it is under /tmp), and
+// only a private /tmp takes writes until the caller escalates. done
+// removes what was made for it.
+func confinedSpec(s Spec) (spec jail.Spec, done func(), err error) {
+	spec = jail.Spec{
+		Argv: []string{"/bin/sh", "-c", s.Command}, Env: Environ(os.Environ()), Dir: s.Dir,
+		Inherit: true, UserNS: true, Hostname: "sandbox",
+		Binds: []jail.Bind{{Src: s.Dir, Dst: s.Dir}},
+	}
+	done = func() {}
+	if !underView() {
+		return spec, done, nil
+	}
+	// In a gVisor sandbox's view (ADR 0985) the work directory is there
+	// read-only at its own path, or the command cannot run confined; its
+	// private /tmp is a directory of the view's /tmp, named by TMPDIR.
+	if st, err := os.Stat(filepath.Join(jail.CommandView, s.Dir)); err != nil || !st.IsDir() {
+		return spec, done, fmt.Errorf("%w: the work directory %s is not in the sandbox's view of commands", ErrUnavailable, s.Dir)
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(jail.CommandView, "tmp"), "command-")
+	if err != nil {
+		return spec, done, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	spec = confinedJail(spec, "/tmp/"+filepath.Base(tmp))
+	return spec, func() { os.RemoveAll(tmp) }, nil
+}
+
+// confinedJail turns spec into one that enters the gVisor sandbox's view of
+// commands where there is one (its binds are the view's), with TMPDIR set
+// when tmp is named.
+func confinedJail(spec jail.Spec, tmp string) jail.Spec {
+	if !underView() {
+		return spec
+	}
+	spec.View, spec.Binds = jail.CommandView, nil
+	if tmp != "" {
+		spec.Env = append(slices.DeleteFunc(spec.Env, func(kv string) bool { return strings.HasPrefix(kv, "TMPDIR=") }), "TMPDIR="+tmp)
+	}
+	return spec
+}
+
+// underView reports that confined commands enter the sandbox's prepared
+// view: on gVisor's kernel, where the sandbox made one.
+func underView() bool {
+	if !jail.UnderGVisor() {
+		return false
+	}
+	st, err := os.Stat(jail.CommandView)
+	return err == nil && st.IsDir()
 }
 
 // Environ returns env without variables that look like credentials: the

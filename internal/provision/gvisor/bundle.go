@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -193,6 +194,7 @@ func (s sandbox) config(spec jail.Spec, init, cgroup string) (ociSpec, error) {
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: tmpfs},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "tmpfs", Options: tmpfs},
 	}
+	base := mounts
 	for _, b := range spec.Binds {
 		if _, err := os.Stat(b.Src); err != nil {
 			if b.Optional {
@@ -230,6 +232,7 @@ func (s sandbox) config(spec jail.Spec, init, cgroup string) (ociSpec, error) {
 		}
 		mounts = append(mounts, ociMount{Destination: f.Dst, Type: "bind", Source: src, Options: []string{"bind", "ro"}})
 	}
+	mounts = append(mounts, commandView(mounts[len(base):], tmpfs)...)
 	mounts = append(mounts,
 		ociMount{Destination: initPath, Type: "bind", Source: init, Options: []string{"bind", "ro"}},
 		ociMount{Destination: relaysDir, Type: "bind", Source: s.relays(), Options: []string{"bind", "ro"}},
@@ -267,6 +270,33 @@ func (s sandbox) config(spec jail.Spec, init, cgroup string) (ociSpec, error) {
 	}
 	return ociSpec{Version: "1.0.0", Process: proc, Root: ociRoot{Path: "rootfs", Readonly: true}, Hostname: host,
 		Mounts: mounts, Linux: lx}, nil
+}
+
+// commandView is the view a command allowed once runs in (jail.CommandView,
+// ADR 0985): the jail's binds, hidden paths and files again under it, every
+// one read-only (/intern included), a /tmp of its own and gVisor's /dev,
+// and no /proc. The sandbox makes it because nothing inside can: gVisor's
+// kernel of this release mounts nothing in a user namespace and remounts
+// nothing read-only, so the command's jail enters it by chroot.
+func commandView(binds []ociMount, tmpfs []string) []ociMount {
+	view := []ociMount{
+		{Destination: jail.CommandView + "/dev", Type: "devtmpfs", Source: "devtmpfs"},
+		{Destination: jail.CommandView + "/tmp", Type: "tmpfs", Source: "tmpfs", Options: tmpfs},
+	}
+	for _, m := range binds {
+		m.Destination = jail.CommandView + m.Destination
+		m.Options = slices.Clone(m.Options)
+		for i, o := range m.Options {
+			if o == "rw" {
+				m.Options[i] = "ro"
+			}
+		}
+		if !slices.Contains(m.Options, "ro") {
+			m.Options = append(m.Options, "ro")
+		}
+		view = append(view, m)
+	}
+	return view
 }
 
 // noCertDir is the sandbox's SSL_CERT_DIR: no directory.

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,6 +77,29 @@ func TestBundleHoldsTheJailsView(t *testing.T) {
 		if m.Destination == "/tmp" && !slices.Contains(m.Options, "size=67108864") {
 			t.Errorf("/tmp options %v", m.Options)
 		}
+	}
+	// The commands' view (ADR 0985): every bind again under it, read-only,
+	// the hidden paths covered there too, a /tmp and /dev of its own, no
+	// /proc.
+	view := map[string]ociMount{}
+	for _, m := range c.Mounts {
+		if rel, ok := strings.CutPrefix(m.Destination, jail.CommandView); ok {
+			view[rel] = m
+		}
+	}
+	for _, d := range []string{"/usr", "/opt/x", "/intern", "/opt/x/data", "/opt/x/kek.json", "/etc/passwd"} {
+		if m, ok := view[d]; !ok || !slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rw") {
+			t.Errorf("the commands' view's %s: %+v (present %v)", d, m, ok)
+		}
+	}
+	if view["/intern"].Source != filepath.Join(hidden, "interns", "i1") {
+		t.Errorf("the commands' view's /intern is %q", view["/intern"].Source)
+	}
+	if view["/tmp"].Type != "tmpfs" || !slices.Contains(view["/tmp"].Options, "size=67108864") || view["/dev"].Type != "devtmpfs" {
+		t.Errorf("the commands' view's /tmp %+v, /dev %+v", view["/tmp"], view["/dev"])
+	}
+	if _, ok := view["/proc"]; ok || len(view) != 8 {
+		t.Errorf("the commands' view holds %v", slices.Sorted(maps.Keys(view)))
 	}
 	// The init's only variable is its configuration: the daemon's argv
 	// and environment, its socket and the relays' ports.
