@@ -27,6 +27,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/envelope"
 	"github.com/cohort-dev/cohort/internal/internd"
 	"github.com/cohort-dev/cohort/internal/internd/launch"
+	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/store"
 	"github.com/cohort-dev/cohort/internal/testing/storetest"
 	"github.com/cohort-dev/cohort/internal/testing/testutil"
@@ -139,9 +140,11 @@ func newTarget(t *testing.T, dbURL string, serveArgs ...string) *target {
 		return fmt.Sprintf(`bash -c 'exec 3<>/dev/tcp/127.0.0.1/%s && echo reached-$((1000000+%s))' 2>&1`, port, port)
 	}
 	// Search the whole view (bind mounts included), not only its root's
-	// file system; /proc, /sys and /dev are no file stores.
+	// file system; /proc, /sys and /dev are no file stores, and a gVisor
+	// sandbox's view of commands is the same binds again, read-only
+	// (ADR 0985): searched once, through the sandbox's own.
 	find := func(name, then string) string {
-		return `find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -name '` + name + `' -print 2>/dev/null | head -20 | xargs -r ` + then
+		return `find / \( -path /proc -o -path /sys -o -path /dev -o -path ` + jail.CommandView + ` \) -prune -o -name '` + name + `' -print 2>/dev/null | head -20 | xargs -r ` + then
 	}
 	d := dataDir
 	tg.attempts = []attempt{
@@ -187,6 +190,7 @@ print("tried", p)' 2>&1`, success: []string{"took-over"}},
 		{name: "find host paths in /proc/net/unix", command: `awk 'NR>1 && NF>=8 {print "unix-" "path", $8}' /proc/net/unix; grep -c "" /proc/net/unix`,
 			success: []string{"unix-path"}},
 		procAttempt(),
+		hostSocketsAttempt(t, d),
 		{name: "signal the gateway", command: fmt.Sprintf("kill -9 %d 2>&1; kill -9 %d 2>&1", tg.gw.cmd.Process.Pid, os.Getpid())},
 	}
 	return tg
@@ -780,4 +784,45 @@ func TestEscapeRemoteDaemonDescriptors(t *testing.T) {
 			t.Errorf("the command did not run: %q", s.Text)
 		}
 	})
+}
+
+// hostSocketsAttempt connects to every unix socket the host listens on at a
+// path: the well-known services' (PostgreSQL, MariaDB, Docker, D-Bus,
+// systemd) and the gateway's own, under its data directory and the gvisor
+// backend's sandbox directories (the other intern's daemon and relays). A
+// gvisor sandbox runs with --host-uds=all (ADR 0981), so only its view of
+// the file system keeps these out of reach. The host must have at least
+// one, or the probe proves nothing.
+func hostSocketsAttempt(t *testing.T, dataDir string) attempt {
+	t.Helper()
+	candidates := []string{
+		"/var/run/postgresql/.s.PGSQL.5432", "/run/postgresql/.s.PGSQL.5432",
+		"/run/mysqld/mysqld.sock", "/var/run/mysqld/mysqld.sock",
+		"/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock",
+		"/run/dbus/system_bus_socket", "/run/systemd/private", "/run/systemd/journal/socket", "/dev/log",
+		"/var/run/redis/redis-server.sock",
+	}
+	for _, pattern := range []string{dataDir + "/*/*.sock", dataDir + "/*/*/*.sock", os.TempDir() + "/cohort-gvisor-*/*/*/*.sock"} {
+		found, _ := filepath.Glob(pattern)
+		candidates = append(candidates, found...)
+	}
+	var socks []string
+	for _, p := range candidates {
+		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
+			socks = append(socks, p)
+		}
+	}
+	if len(socks) == 0 {
+		t.Fatalf("the host has none of the unix sockets the escape suite tries: %q", candidates)
+	}
+	list, _ := json.Marshal(socks)
+	return attempt{name: "connect to the host's unix sockets", command: `python3 -c 'import socket
+for p in ` + string(list) + `:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+        try:
+            s = socket.socket(socket.AF_UNIX, kind); s.settimeout(2); s.connect(p); print("reached" + "-uds", p); break
+        except Exception as e:
+            pass
+print("probed-" + "uds", ` + strconv.Itoa(len(socks)) + `)' 2>&1`,
+		success: []string{"reached-uds"}, want: []string{"probed-uds " + strconv.Itoa(len(socks))}}
 }
