@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cohort-dev/cohort/internal/agents"
+	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/egress"
 	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
@@ -456,5 +457,36 @@ func TestEscapeLimitsGVisor(t *testing.T) {
 	case <-gw.done:
 		t.Fatal("the gateway died")
 	default:
+	}
+}
+
+// Under gVisor the built-in agent calls the model relay's host socket
+// itself, not through the sandbox init's bridge (ADR 0986): a model turn
+// streams the upstream's answer, the upstream gets the real key in place
+// of the placeholder, and the agent says at start which socket it dials.
+func TestModelSocketGVisor(t *testing.T) {
+	needRunsc(t)
+	t.Parallel()
+	key := randomCanary("model-key")
+	up := agenttest.NewUpstream(t)
+	dataDir := t.TempDir()
+	c := &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
+	gw := c.GatewayEnv(t, []string{"COHORT_AGENT_BASE_URL=" + up.BaseURL(), "COHORT_AGENT_API_KEY=" + key},
+		"--provisioner", "gvisor", "--log-level", "info")
+	c.load(t)
+	in := createInternWith(t, gw, c.MK, `{"workspace_id":"`+c.WS+`","name":"upstream","model":"`+upModel+`"}`)["id"]
+	(&target{c: c, gw: gw}).waitRunning(t, in)
+	up.Push(agenttest.Answer(upModel, 5, 4, "answered through the socket"))
+	s := readAll(t, chat(t, gw, c.WK, in, user("hello")))
+	if s.Finish != "stop" || s.Text != "answered through the socket" {
+		t.Fatalf("model turn: %q %q %v", s.Finish, s.Text, s.Error)
+	}
+	for _, auth := range up.Authorizations() {
+		if auth != "Bearer "+key {
+			t.Errorf("the upstream saw %q", auth)
+		}
+	}
+	if logs := gw.stderr.String(); !strings.Contains(logs, `"model_socket":"/run/cohort/relays/m.sock"`) {
+		t.Errorf("the agent does not say it dials the model relay's socket:\n%s", tail(logs, 3000))
 	}
 }

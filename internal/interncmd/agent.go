@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"time"
@@ -31,9 +33,13 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	fs.IntVar(&cfg.MaxRetries, "model-retries", builtinagent.DefaultMaxRetries, "retries of a model call that failed before streaming (connection errors, 429, 5xx)")
 	fs.DurationVar(&cfg.ShellTimeout, "shell-timeout", sandbox.DefaultTimeout, "longest run of one shell command")
 	fs.IntVar(&cfg.MaxToolOutput, "shell-max-output", sandbox.DefaultMaxOutput, "bytes of a shell command's output the model sees")
+	modelSocket := fs.String("model-socket", config.Env("COHORT_AGENT_MODEL_SOCKET", ""), "a unix socket that reaches the model endpoint's host, dialed instead of its address (a gVisor sandbox's model relay, ADR 0986; COHORT_AGENT_MODEL_SOCKET)")
 	logLevel := fs.String("log-level", config.Env("COHORT_LOG_LEVEL", "info"), "debug, info, warn or error (COHORT_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *modelSocket != "" {
+		cfg.HTTPClient = socketClient(*modelSocket)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("agent: unexpected argument %q", fs.Arg(0))
@@ -53,12 +59,24 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	}
 	defer stopTracing()
 	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
-		"state_dir", cfg.StateDir, "sandbox", sandbox.Available())
+		"model_socket", *modelSocket, "state_dir", cfg.StateDir, "sandbox", sandbox.Available())
 	err = builtinagent.Serve(ctx, cfg, stdin, stdout)
 	if err == context.Canceled {
 		return nil
 	}
 	return err
+}
+
+// socketClient is an HTTP client whose every connection is to the unix
+// socket at path, with no proxy: the socket is the way to the host.
+func socketClient(path string) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	var d net.Dialer
+	t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", path)
+	}
+	return &http.Client{Transport: t}
 }
 
 // redactURL drops user information from a URL before it is logged.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cohort-dev/cohort/internal/jail"
+	"github.com/cohort-dev/cohort/internal/provision/localjail"
 )
 
 // An intern's sandbox is the jail localjail would make (jail.Spec, from
@@ -177,6 +178,13 @@ func (s sandbox) config(spec jail.Spec, init, cgroup string) (ociSpec, error) {
 	ic := initConfig{Argv: spec.Argv, Env: certDirEnv(spec.Env), Dir: spec.Dir, Listen: daemonSock}
 	for _, r := range spec.Relays {
 		ic.Relays = append(ic.Relays, initRelay{Port: r.Port, Sock: relaySock(relaysDir, r.Kind)})
+		if r.Kind == localjail.KindModel {
+			// The built-in agent calls the model relay's host socket
+			// itself, not through the init's bridge: a process and its
+			// system calls fewer, each a ptrace round trip, on every
+			// model call and chunk (ADR 0986).
+			ic.Env = append(ic.Env[:len(ic.Env):len(ic.Env)], "COHORT_AGENT_MODEL_SOCKET="+relaySock(relaysDir, r.Kind))
+		}
 	}
 	icb, err := json.Marshal(ic)
 	if err != nil {
