@@ -377,7 +377,7 @@ func benchChat(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	h2c.SetUnencryptedHTTP2(true)
 	// The same transport as the gateway's daemon client, so the daemon-alone
 	// reference is not slowed by a second write per call.
-	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: h2coalesce.Dialer(&net.Dialer{})}, "Bearer " + launch.GatewayCredential(secret)}
+	dtr := bearer{&http.Transport{Protocols: &h2c, DialContext: h2coalesce.Dialer((&net.Dialer{}).DialContext)}, "Bearer " + launch.GatewayCredential(secret)}
 	tr := &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, DisableCompression: true}
 	hclient := &http.Client{Transport: tr}
 	chatURL := gw.url + "/api/v1/interns/" + intern + "/chat/completions"

@@ -35,9 +35,9 @@ const (
 // write their body at once: unary and server-streaming calls with an
 // in-memory body (Connect's), never a client or bidirectional stream, whose
 // headers could then wait for a message the caller has not sent.
-func Dialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func Dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
+		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}

@@ -66,7 +66,7 @@ func TestCoalescingDialer(t *testing.T) {
 
 	var mu sync.Mutex
 	var writes [][]byte
-	dial := Dialer(&net.Dialer{})
+	dial := Dialer((&net.Dialer{}).DialContext)
 	tr := &http.Transport{Protocols: &p, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {

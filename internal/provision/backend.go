@@ -66,6 +66,11 @@ type Host struct {
 	Changed func()
 	// Check asks the daemon at url once whether it answers with secret.
 	Check func(ctx context.Context, url, secret string) error
+	// Route makes this gateway reach the daemon address addr ("host:port"
+	// of its URL) through the unix socket at path instead, until undo: one
+	// hop fewer where the address only forwards to that socket (gvisor).
+	// Anything else dialing addr still gets there.
+	Route func(addr, path string) (undo func())
 }
 
 // Spec is what an intern's daemon runs, from its row.

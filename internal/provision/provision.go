@@ -92,6 +92,9 @@ type Provisioner struct {
 
 	once   sync.Once
 	client *http.Client
+	// routes maps a daemon address to the unix socket it forwards to
+	// (Host.Route): the client dials the socket.
+	routes sync.Map
 
 	// dialed caches the Connect client of each (intern, URL, wrapped
 	// secret) seen: building one and unwrapping the secret cost more than
@@ -129,9 +132,25 @@ func (p *Provisioner) init() {
 		// unary or server-streaming; under TLS it sees only records and
 		// passes them through).
 		p.client = &http.Client{Transport: lookahead.Transport{RoundTripper: telemetry.Transport(&http.Transport{Protocols: &protos,
-			DialContext:         h2coalesce.Dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+			DialContext:         h2coalesce.Dialer(p.dialDaemon),
 			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second})}}
 	})
+}
+
+// dialDaemon dials a daemon: its address, or the unix socket a backend routed
+// it to (Host.Route).
+func (p *Provisioner) dialDaemon(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	if path, ok := p.routes.Load(addr); ok {
+		return d.DialContext(ctx, "unix", path.(string))
+	}
+	return d.DialContext(ctx, network, addr)
+}
+
+// route is Host.Route.
+func (p *Provisioner) route(addr, path string) func() {
+	p.routes.Store(addr, path)
+	return func() { p.routes.CompareAndDelete(addr, path) }
 }
 
 // secretAD binds a wrapped daemon secret to its intern: a row's ciphertext
@@ -267,7 +286,7 @@ func (p *Provisioner) Start(ctx context.Context) error {
 	}
 	fctx := p.fleet.begin()
 	p.fleetCtx = fctx
-	if err := p.Backend.Open(fctx, Host{Log: p.Log, Changed: p.nudge, Check: p.Healthy}); err != nil {
+	if err := p.Backend.Open(fctx, Host{Log: p.Log, Changed: p.nudge, Check: p.Healthy, Route: p.route}); err != nil {
 		return err
 	}
 	if obs, complete := p.Backend.Observe(); complete {

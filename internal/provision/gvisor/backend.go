@@ -53,6 +53,7 @@ type Backend struct {
 
 	log     *slog.Logger
 	changed func()
+	route   func(addr, path string) (undo func())
 
 	mu      sync.Mutex
 	daemons map[string]*daemon
@@ -68,6 +69,7 @@ type daemon struct {
 	cmd         *exec.Cmd
 	// listeners are the relays' host sockets and the daemon's forwarder.
 	listeners []net.Listener
+	unroute   func() // the gateway's route to the daemon's socket
 	since     time.Time
 	ended     chan struct{}
 	stopping  bool // guarded by Backend.mu
@@ -122,7 +124,10 @@ func (b *Backend) runsc(args ...string) *exec.Cmd {
 // gateway's, and a sandbox is not adopted (ADR 0981).
 func (b *Backend) Open(ctx context.Context, h provision.Host) error {
 	b.mu.Lock()
-	b.log, b.changed = h.Log, h.Changed
+	b.log, b.changed, b.route = h.Log, h.Changed, h.Route
+	if b.route == nil {
+		b.route = func(string, string) func() { return nil }
+	}
 	if b.daemons == nil {
 		b.daemons = map[string]*daemon{}
 	}
@@ -308,6 +313,9 @@ func (b *Backend) start(ctx context.Context, spec provision.Spec, dir, secret, r
 	d.listeners = append(d.listeners, fwd)
 	go bridge(fwd, sb.daemonSock())
 	d.url = "http://" + fwd.Addr().String()
+	// This gateway dials the socket itself: the forwarder is for anything
+	// else given the daemon's address (ADR 0986).
+	d.unroute = b.route(fwd.Addr().String(), sb.daemonSock())
 	b.watch(d, exited)
 	return d, nil
 }
@@ -350,6 +358,9 @@ func (b *Backend) watch(d *daemon, exited chan error) {
 	b.mu.Unlock()
 	go func() {
 		err := <-exited
+		if d.unroute != nil {
+			d.unroute()
+		}
 		for _, l := range d.listeners {
 			l.Close()
 		}
