@@ -80,3 +80,27 @@ func TestSessionJournalStore(t *testing.T) {
 		t.Fatalf("journal of %d bytes in %d lines, %d turns", st.Size(), len(lines("big")), len(rec.Turns))
 	}
 }
+
+// TestSessionJournalCreate: a session the daemon named is stored without
+// a read (create), and its journal is then appended to like any other;
+// an update reads the journal with the descriptor it appends through, so
+// a record read and written in one open stays whole.
+func TestSessionJournalCreate(t *testing.T) {
+	f, err := newFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.create(&sessionRecord{ID: "n", ACPSessionID: "acp"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := f.update("n", func(r *sessionRecord) { r.addTurn(turnRecord{Prompt: strings.Repeat("p", 9000)}) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, size, err := f.read("n")
+	b, _ := os.ReadFile(f.path("n"))
+	if err != nil || rec.ACPSessionID != "acp" || len(rec.Turns) != 3 || size != int64(len(b)) || strings.Count(string(b), "\n") != 4 {
+		t.Fatalf("%+v size %d of %d, %v", rec, size, len(b), err)
+	}
+}
