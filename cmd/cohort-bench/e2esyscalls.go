@@ -157,6 +157,7 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 		}
 		fmt.Fprintln(stdout)
 		total := make([]float64, len(results))
+		rt := make([]float64, len(results))
 		for _, call := range names {
 			fmt.Fprintf(stdout, "  %-22s", call)
 			for i, r := range results {
@@ -169,17 +170,38 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 				if !strings.HasPrefix(call, "SIG") {
 					total[i] += v
 				}
+				if runtimeCalls[call] {
+					rt[i] += v
+				}
 				fmt.Fprintf(stdout, " %18.2f", v)
 			}
 			fmt.Fprintln(stdout)
 		}
-		fmt.Fprintf(stdout, "  %-22s", "all system calls")
-		for _, v := range total {
-			fmt.Fprintf(stdout, " %18.2f", v)
+		for _, row := range []struct {
+			name string
+			v    func(i int) float64
+		}{
+			{"all system calls", func(i int) float64 { return total[i] }},
+			{"  of which Go runtime", func(i int) float64 { return rt[i] }},
+			{"  the program's own", func(i int) float64 { return total[i] - rt[i] }},
+		} {
+			fmt.Fprintf(stdout, "  %-22s", row.name)
+			for i := range total {
+				fmt.Fprintf(stdout, " %18.2f", row.v(i))
+			}
+			fmt.Fprintln(stdout)
 		}
-		fmt.Fprintln(stdout)
 	}
 	return nil
+}
+
+// runtimeCalls are the calls Go's runtime makes on its own: sysmon's sleeps
+// and wake-ups, the scheduler's, threads and memory. The rest (reads,
+// writes, polls, files) the program's code asks for.
+var runtimeCalls = map[string]bool{
+	"futex": true, "nanosleep": true, "sched_yield": true, "restart_syscall": true, "clone": true, "clone3": true,
+	"mmap": true, "munmap": true, "mprotect": true, "madvise": true, "rseq": true, "set_robust_list": true,
+	"sigaltstack": true, "rt_sigprocmask": true, "rt_sigreturn": true, "gettid": true, "getpid": true, "tgkill": true,
 }
 
 // straceAttach starts strace on pid and all its threads (and threads and

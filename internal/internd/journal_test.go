@@ -104,3 +104,19 @@ func TestSessionJournalCreate(t *testing.T) {
 		t.Fatalf("%+v size %d of %d, %v", rec, size, len(b), err)
 	}
 }
+
+// TestSessionJournalCreatePlanted: a file already where a named session's
+// journal goes (a command planted it) is replaced, not appended to.
+func TestSessionJournalCreatePlanted(t *testing.T) {
+	f, err := newFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(f.path("n"), []byte(`{"id":"n","acp_session_id":"planted"}`+"\n"), 0o600)
+	if err := f.create(&sessionRecord{ID: "n", ACPSessionID: "acp"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(f.path("n")); strings.Contains(string(b), "planted") {
+		t.Fatalf("the planted journal stays: %q", b)
+	}
+}
