@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -23,7 +24,7 @@ import (
 // gVisor's ptrace platform each one is a round trip to the Sentry. Only
 // the jailed path (--provisioner local, or remote) has the daemon and
 // agent as host processes strace can attach to.
-func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eProc, cnew, ccont *e2eTarget, turns, chunks int, interval time.Duration) error {
+func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eProc, cnew, ccont *e2eTarget, turns, chunks, streams int, interval time.Duration) error {
 	if _, err := exec.LookPath("strace"); err != nil {
 		return fmt.Errorf("syscalls phase: %w", err)
 	}
@@ -115,19 +116,33 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 		}
 		results = append(results, r)
 	}
+	streams = max(streams, 1)
 	r, err := measure("paced stream", 1, func() error {
-		n, err := cnew.stream(ctx, benchPrompt(chunks, interval, false))
-		if err == nil && n != chunks {
-			err = fmt.Errorf("paced stream: %d chunks of %d", n, chunks)
+		// The streams at once, their starts spread over one interval,
+		// as the paced phase runs them (a new session each).
+		errc := make(chan error, streams)
+		for i := range streams {
+			go func() {
+				time.Sleep(time.Duration(i) * interval / time.Duration(streams))
+				n, err := cnew.stream(ctx, benchPrompt(chunks, interval, false))
+				if err == nil && n != chunks {
+					err = fmt.Errorf("paced stream: %d chunks of %d", n, chunks)
+				}
+				errc <- err
+			}()
+		}
+		var err error
+		for range streams {
+			err = cmp.Or(err, <-errc)
 		}
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	// Per paced chunk: the stream's calls less a new-session one-chunk
-	// turn's, over the chunks after the first.
-	per := result{label: "per paced chunk", per: float64(chunks - 1), n: map[string]map[string]int{}}
+	// Per paced chunk: the streams' calls less a new-session one-chunk
+	// turn's each, over the chunks after each stream's first.
+	per := result{label: "per paced chunk", per: float64(streams * (chunks - 1)), n: map[string]map[string]int{}}
 	for name, m := range r.n {
 		per.n[name] = map[string]int{}
 		for call, v := range m {
@@ -136,7 +151,7 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 	}
 	results = append(results, per)
 
-	fmt.Fprintf(stdout, "\n== system calls and signals of the daemon and the agent (strace; %d turns each, one stream of %d chunks at %v)\n", turns, chunks, interval)
+	fmt.Fprintf(stdout, "\n== system calls and signals of the daemon and the agent (strace; %d turns each, %d streams at once of %d chunks at %v)\n", turns, streams, chunks, interval)
 	for _, p := range traced {
 		calls := map[string]bool{}
 		for _, r := range results {
@@ -163,7 +178,7 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 			for i, r := range results {
 				v := float64(r.n[p.name][call])
 				if r.label == "per paced chunk" {
-					v = (v - float64(results[1].n[p.name][call])/results[1].per) / r.per
+					v = (v - float64(streams)*float64(results[1].n[p.name][call])/results[1].per) / r.per
 				} else {
 					v /= r.per
 				}
