@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,7 +46,10 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	peerDir := fs.String("peer-dir", "tools/bench-peer", "the peer gateway's package (npm ci is run there); empty: no peer")
 	guard := fs.Bool("guard", false, "print the guard's ratios as Go benchmark lines (.ci/benchguard) and skip the peer and the memory figure")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run, and with the open phase each one's memory per open stream in parts (heap, live heap, goroutine stacks) and its heap and goroutine profiles; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
-	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream); one phase with --profile-dir profiles it alone")
+	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream), syscalls (the daemon's and agent's system calls per turn and per paced chunk: with --provisioner local counted with strace, with gvisor from runsc --strace when COHORT_GVISOR_STRACE_DIR is set; not on by default); one phase with --profile-dir profiles it alone")
+	syscallTurns := fs.Int("syscall-turns", 20, "one-chunk turns of each kind the syscalls phase counts over")
+	syscallStreams := fs.Int("syscall-streams", 1, "paced streams at once the syscalls phase counts per chunk over")
+	syscallDir := fs.String("syscall-dir", "", "keep the syscalls phase's strace output here (strace.PROCESS.WHAT); empty: removed with the run")
 	childLogs := fs.Bool("child-logs", false, "show the children's logs")
 	floor := fs.Bool("floor", true, "run the floor beside the paths (a bare relay hop and a bare SSE relay hop in front of the model, each its own process) and print every figure as a ratio to it")
 	scale := fs.String("scale", "", "the scale phase's stream counts, in order (e.g. 25,50,100,200): N paced streams at once through each path until one fails the bar; empty: no scale phase")
@@ -170,6 +174,11 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	procs = append(procs, floorProcs...)
 	procs = append(procs, e2eProc{"model", mock.cmd.Process.Pid})
 	fmt.Fprintf(stdout, "processes: %s\n", e2eProcNames(procs))
+	if run["syscalls"] {
+		if err := e2eSyscalls(ctx, stdout, cmp.Or(*syscallDir, dir), procs, cnew, ccont, *syscallTurns, *paced, *syscallStreams, *interval); err != nil {
+			return err
+		}
+	}
 
 	// 1. One-chunk turns, the paths in turn, for time to first chunk and
 	// CPU per turn. Each process's CPU from one turn's start to the next

@@ -654,7 +654,8 @@ func TestNewSessionAdvertisesModelOption(t *testing.T) {
 }
 
 func TestSessionLoad(t *testing.T) {
-	state := t.TempDir()
+	// A state directory not made yet: the first save makes it.
+	state := filepath.Join(t.TempDir(), "state", "agent")
 	h := start(t, builtinagent.Config{StateDir: state}, nil)
 	h.mustPrompt(t, "remember me", builtinagent.ModeManual)
 

@@ -123,14 +123,43 @@ func NewOpenAIModel(cfg OpenAIConfig) *OpenAIModel {
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
 	}
+	hc := http.Client{Transport: http.DefaultTransport}
 	if cfg.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
+		hc = *cfg.HTTPClient
 	}
+	if hc.Transport == nil {
+		hc.Transport = http.DefaultTransport
+	}
+	hc.Transport = oneWrite{hc.Transport}
+	opts = append(opts, option.WithHTTPClient(&hc))
 	idle := cfg.IdleTimeout
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
 	return &OpenAIModel{client: openai.NewClient(opts...), idle: idle, key: cfg.APIKey}
+}
+
+// oneWrite sends a request whose body is in memory with its headers in
+// one write. openai-go wraps the body it holds (closeOnceReadCloser), and
+// net/http flushes the headers on their own before a body it does not
+// know to be in memory (transfer.go, issue 22088): two writes, each a
+// round trip to the Sentry under gVisor's ptrace platform, on the way to
+// every turn's first chunk (ADR 0996). The body is the SDK's GetBody, a
+// fresh reader of the same bytes, which net/http recognises.
+type oneWrite struct{ next http.RoundTripper }
+
+func (o oneWrite) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.GetBody == nil || req.Body == nil || req.Body == http.NoBody || req.ContentLength <= 0 {
+		return o.next.RoundTrip(req)
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return o.next.RoundTrip(req)
+	}
+	req.Body.Close() // a RoundTripper closes the body it was given
+	r := *req
+	r.Body = body
+	return o.next.RoundTrip(&r)
 }
 
 // Complete implements Model.

@@ -183,7 +183,7 @@ func Intern(ctx context.Context, args []string, stdout, stderr io.Writer, jailed
 	defer stopTracing()
 	hs := internd.HTTPServer(telemetry.Handler(dm.Handler()), log)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- hs.Serve(internd.BufferReads(ln)) }()
 	// The first line on stdout is the address: a provisioner that passed
 	// port 0 reads it to learn where the daemon listens.
 	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())

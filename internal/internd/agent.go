@@ -315,13 +315,20 @@ func (d *Daemon) ensureSession(ctx context.Context, a *agentProc, s *session) (s
 	}
 	d.byACP[newID] = s
 	head := *s.rec
+	unsaved := s.unsaved
+	s.unsaved = false
 	d.mu.Unlock()
-	err := d.store.update(head.ID, func(rec *sessionRecord) {
-		rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, head.UpdatedAt
-		if rec.CreatedAt.IsZero() {
-			rec.CreatedAt = head.CreatedAt
-		}
-	})
+	var err error
+	if unsaved {
+		err = d.store.create(&head)
+	} else {
+		err = d.store.update(head.ID, func(rec *sessionRecord) {
+			rec.ACPSessionID, rec.UpdatedAt = head.ACPSessionID, head.UpdatedAt
+			if rec.CreatedAt.IsZero() {
+				rec.CreatedAt = head.CreatedAt
+			}
+		})
+	}
 	if err != nil {
 		return "", apierr.Internal(err)
 	}

@@ -203,6 +203,9 @@ type session struct {
 	runs    []*run          // recent runs, oldest first
 	byIA    map[string]*run // interaction id → run that asked
 	used    time.Time       // the last turn, answer or attach
+	// unsaved: the daemon named the session and nothing is stored yet, so
+	// its first save need not look for a file (fileStore.create).
+	unsaved bool
 }
 
 // New opens the daemon's data directory and loads its sessions. It does not
@@ -336,7 +339,8 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 		return nil, apierr.BadRequest("unknown approval_mode %d", mode)
 	}
 	id := req.GetSessionId()
-	if id == "" {
+	named := id == "" // by the daemon: a fresh random id, nothing stored under it
+	if named {
 		id = uuid.NewString()
 	}
 
@@ -356,15 +360,19 @@ func (d *Daemon) StartTurn(ctx context.Context, req *pb.StartTurnRequest) (*run,
 	}
 	s := d.sessions[id]
 	if s == nil {
-		rec, err := d.store.load(id)
-		if err != nil {
-			d.log.Error("session file unreadable; the session starts afresh", "err", err)
+		var rec *sessionRecord
+		if !named {
+			var err error
+			rec, err = d.store.load(id)
+			if err != nil {
+				d.log.Error("session file unreadable; the session starts afresh", "err", err)
+			}
 		}
 		if rec == nil {
 			now := d.now().UTC()
 			rec = &sessionRecord{ID: id, CreatedAt: now, UpdatedAt: now}
 		}
-		s = &session{rec: rec, byIA: map[string]*run{}}
+		s = &session{rec: rec, byIA: map[string]*run{}, unsaved: named}
 		d.sessions[id] = s
 	}
 	s.used = d.now()

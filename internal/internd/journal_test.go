@@ -80,3 +80,43 @@ func TestSessionJournalStore(t *testing.T) {
 		t.Fatalf("journal of %d bytes in %d lines, %d turns", st.Size(), len(lines("big")), len(rec.Turns))
 	}
 }
+
+// TestSessionJournalCreate: a session the daemon named is stored without
+// a read (create), and its journal is then appended to like any other;
+// an update reads the journal with the descriptor it appends through, so
+// a record read and written in one open stays whole.
+func TestSessionJournalCreate(t *testing.T) {
+	f, err := newFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.create(&sessionRecord{ID: "n", ACPSessionID: "acp"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := f.update("n", func(r *sessionRecord) { r.addTurn(turnRecord{Prompt: strings.Repeat("p", 9000)}) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, size, err := f.read("n")
+	b, _ := os.ReadFile(f.path("n"))
+	if err != nil || rec.ACPSessionID != "acp" || len(rec.Turns) != 3 || size != int64(len(b)) || strings.Count(string(b), "\n") != 4 {
+		t.Fatalf("%+v size %d of %d, %v", rec, size, len(b), err)
+	}
+}
+
+// TestSessionJournalCreatePlanted: a file already where a named session's
+// journal goes (a command planted it) is replaced, not appended to.
+func TestSessionJournalCreatePlanted(t *testing.T) {
+	f, err := newFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(f.path("n"), []byte(`{"id":"n","acp_session_id":"planted"}`+"\n"), 0o600)
+	if err := f.create(&sessionRecord{ID: "n", ACPSessionID: "acp"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(f.path("n")); strings.Contains(string(b), "planted") {
+		t.Fatalf("the planted journal stays: %q", b)
+	}
+}
