@@ -46,7 +46,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	peerDir := fs.String("peer-dir", "tools/bench-peer", "the peer gateway's package (npm ci is run there); empty: no peer")
 	guard := fs.Bool("guard", false, "print the guard's ratios as Go benchmark lines (.ci/benchguard) and skip the peer and the memory figure")
 	profDir := fs.String("profile-dir", "", "write CPU profiles of the gateway (gateway.serve.pprof), the daemon and its agent (daemon.intern.pprof, daemon.agent.pprof) here, over the whole run, and with the open phase each one's memory per open stream in parts (heap, live heap, goroutine stacks) and its heap and goroutine profiles; with --provisioner local only the gateway's (a jailed daemon cannot write here)")
-	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream), syscalls (the daemon's and agent's system calls per turn and per paced chunk: with --provisioner local counted with strace, with gvisor from runsc --strace when COHORT_GVISOR_STRACE_DIR is set; not on by default); one phase with --profile-dir profiles it alone")
+	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream), syscalls (the daemon's and agent's system calls per turn and per paced chunk: with --provisioner local counted with strace, with gvisor from runsc --strace, the gateway's runsc then a wrapper adding --debug --strace; not on by default); one phase with --profile-dir profiles it alone")
 	syscallTurns := fs.Int("syscall-turns", 20, "one-chunk turns of each kind the syscalls phase counts over")
 	syscallStreams := fs.Int("syscall-streams", 1, "paced streams at once the syscalls phase counts per chunk over")
 	syscallDir := fs.String("syscall-dir", "", "keep the syscalls phase's strace output here (strace.PROCESS.WHAT); empty: removed with the run")
@@ -126,15 +126,25 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
-	c, err := startCohortPath(ctx, cohort, dir, *provisioner, mock.url, *profDir, logs, stderr)
-	if err != nil {
-		return err
-	}
-	stops = append(stops, c.stop)
 	run := map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		run[strings.TrimSpace(p)] = true
 	}
+	var serveArgs []string
+	gvStrace := ""
+	if run["syscalls"] && *provisioner == "gvisor" {
+		gvStrace = filepath.Join(dir, "runsc-strace")
+		wrapper, err := runscStraceWrapper(gvStrace)
+		if err != nil {
+			return err
+		}
+		serveArgs = []string{"--gvisor-runsc", wrapper}
+	}
+	c, err := startCohortPath(ctx, cohort, dir, *provisioner, mock.url, *profDir, logs, stderr, serveArgs...)
+	if err != nil {
+		return err
+	}
+	stops = append(stops, c.stop)
 
 	direct := &e2eTarget{name: "model directly", url: mock.url + "/v1/chat/completions", hc: hc}
 	cnew := &e2eTarget{name: "Cohort, new session", url: c.chatURL, hc: hc, header: http.Header{"Authorization": {"Bearer " + c.key}}}
@@ -175,7 +185,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	procs = append(procs, e2eProc{"model", mock.cmd.Process.Pid})
 	fmt.Fprintf(stdout, "processes: %s\n", e2eProcNames(procs))
 	if run["syscalls"] {
-		if err := e2eSyscalls(ctx, stdout, cmp.Or(*syscallDir, dir), procs, cnew, ccont, *syscallTurns, *paced, *syscallStreams, *interval); err != nil {
+		if err := e2eSyscalls(ctx, stdout, cmp.Or(*syscallDir, dir), gvStrace, procs, cnew, ccont, *syscallTurns, *paced, *syscallStreams, *interval); err != nil {
 			return err
 		}
 	}
@@ -685,11 +695,11 @@ type cohortPath struct {
 
 // startCohortPath starts `cohort serve` (SQLite) with the bench's model as
 // the agents' endpoint and points its demo intern at the bench model.
-func startCohortPath(ctx context.Context, cohort, dir, provisioner, modelURL, profDir string, logs, stderr io.Writer) (*cohortPath, error) {
+func startCohortPath(ctx context.Context, cohort, dir, provisioner, modelURL, profDir string, logs, stderr io.Writer, serveArgs ...string) (*cohortPath, error) {
 	gdir := filepath.Join(dir, "gateway")
 	env := []string{"COHORT_AGENT_BASE_URL=" + modelURL + "/v1", "COHORT_AGENT_API_KEY=bench-model-key"}
-	gw := exec.Command(cohort, "serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", provisioner,
-		"--intern-idle-timeout", "1h", "--jail-orphan-timeout", "0", "--turn-rate", "1000000/s", "--log-level", "error")
+	gw := exec.Command(cohort, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", gdir, "--provisioner", provisioner,
+		"--intern-idle-timeout", "1h", "--jail-orphan-timeout", "0", "--turn-rate", "1000000/s", "--log-level", "error"}, serveArgs...)...)
 	gw.Env = append(os.Environ(), env...)
 	if profDir != "" {
 		gw.Env = append(gw.Env, "COHORT_CPUPROFILE="+filepath.Join(profDir, "gateway"))

@@ -24,7 +24,7 @@ import (
 // gVisor's ptrace platform each one is a round trip to the Sentry. Only
 // the jailed path (--provisioner local, or remote) has the daemon and
 // agent as host processes strace can attach to.
-func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eProc, cnew, ccont *e2eTarget, turns, chunks, streams int, interval time.Duration) error {
+func e2eSyscalls(ctx context.Context, stdout io.Writer, dir, gvStrace string, procs []e2eProc, cnew, ccont *e2eTarget, turns, chunks, streams int, interval time.Duration) error {
 	if _, err := exec.LookPath("strace"); err != nil {
 		return fmt.Errorf("syscalls phase: %w", err)
 	}
@@ -38,12 +38,11 @@ func e2eSyscalls(ctx context.Context, stdout io.Writer, dir string, procs []e2eP
 	if len(traced) == 0 {
 		// Under gVisor the daemon and agent are the Sentry's tasks: their
 		// calls are counted from runsc's --strace log, which the gateway's
-		// backend writes when COHORT_GVISOR_STRACE_DIR is set.
-		dir := os.Getenv("COHORT_GVISOR_STRACE_DIR")
-		if dir == "" {
-			return fmt.Errorf("syscalls phase: no daemon or agent process on the host: use --provisioner local, or gvisor with COHORT_GVISOR_STRACE_DIR set")
+		// runsc writes through the bench's wrapper (runscStraceWrapper).
+		if gvStrace == "" {
+			return fmt.Errorf("syscalls phase: no daemon or agent process on the host: use --provisioner local or gvisor")
 		}
-		gv = &gvisorTrace{dir: dir}
+		gv = &gvisorTrace{dir: gvStrace}
 		traced = []e2eProc{{name: "daemon"}, {name: "agent"}}
 	}
 	// Warm both targets, so a continued session exists and each process
@@ -287,6 +286,24 @@ func countTrace(path string) (map[string]int, error) {
 		}
 	}
 	return n, sc.Err()
+}
+
+// runscStraceWrapper writes a runsc for the gateway (--gvisor-runsc) that
+// runs the installed one with --debug --strace, its logs in dir: every
+// system call of the sandboxed programs, for counting. Measurement only,
+// and the bench's own: the logs hold the calls' arguments, the bytes of
+// reads and writes in part, so no gateway setting turns it on.
+func runscStraceWrapper(dir string) (string, error) {
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		return "", fmt.Errorf("syscalls phase under gvisor: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	wrapper := filepath.Join(dir, "runsc")
+	script := "#!/bin/sh\nexec '" + runsc + "' --debug --debug-log='" + dir + "/' --strace \"$@\"\n"
+	return wrapper, os.WriteFile(wrapper, []byte(script), 0o700)
 }
 
 // gvisorTrace reads the daemon's and the agent's system calls from runsc's

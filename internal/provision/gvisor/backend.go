@@ -110,26 +110,14 @@ func (b *Backend) containerID(id string) string {
 	return "cohort-" + shortHash(b.abs(b.Jail.DataDir)) + "-" + id
 }
 
-// StraceDirEnv names a directory for runsc's debug logs, set in the
-// gateway's environment to count what the sandboxed programs ask of the
-// Sentry: each sandbox started then runs with --debug --strace and logs
-// every system call of the daemon and agent there, one file per runsc
-// process (docs/benchmarks.md, "The system calls of a turn, under gVisor").
-// For measurement only: the logs grow by every call, and hold the calls'
-// arguments (the bytes of reads and writes in part). Unset, off.
-const StraceDirEnv = "COHORT_GVISOR_STRACE_DIR"
-
 // runsc is a runsc command on this backend's state.
 func (b *Backend) runsc(args ...string) *exec.Cmd {
 	platform := b.Platform
 	if platform == "" {
 		platform = "ptrace"
 	}
-	all := []string{"--root", b.stateDir(), "--platform", platform, "--network=none", "--host-uds=all"}
-	if dir := os.Getenv(StraceDirEnv); dir != "" && len(args) > 0 && args[0] == "run" {
-		all = append(all, "--debug", "--debug-log="+strings.TrimSuffix(dir, "/")+"/", "--strace")
-	}
-	return exec.Command(b.Runsc, append(all, args...)...)
+	all := append([]string{"--root", b.stateDir(), "--platform", platform, "--network=none", "--host-uds=all"}, args...)
+	return exec.Command(b.Runsc, all...)
 }
 
 // Open ends the sandboxes a previous gateway left: their relays were that
