@@ -49,7 +49,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	phases := fs.String("phases", "turns,paced,open", "the phases to run: turns (time to first chunk, CPU per turn), paced (CPU per paced chunk; a turn's fixed cost is taken off only when turns ran too), open (memory per open stream), syscalls (the daemon's and agent's system calls per turn and per paced chunk: with --provisioner local counted with strace, with gvisor from runsc --strace, the gateway's runsc then a wrapper adding --debug --strace; not on by default); one phase with --profile-dir profiles it alone")
 	syscallTurns := fs.Int("syscall-turns", 20, "one-chunk turns of each kind the syscalls phase counts over")
 	syscallStreams := fs.Int("syscall-streams", 1, "paced streams at once the syscalls phase counts per chunk over")
-	syscallDir := fs.String("syscall-dir", "", "keep the syscalls phase's strace output here (strace.PROCESS.WHAT); empty: removed with the run")
+	syscallDir := fs.String("syscall-dir", "", "keep the syscalls phase's strace output here (strace.PROCESS.WHAT, and runsc-strace/ under gvisor); empty: removed with the run")
 	childLogs := fs.Bool("child-logs", false, "show the children's logs")
 	floor := fs.Bool("floor", true, "run the floor beside the paths (a bare relay hop and a bare SSE relay hop in front of the model, each its own process) and print every figure as a ratio to it")
 	scale := fs.String("scale", "", "the scale phase's stream counts, in order (e.g. 25,50,100,200): N paced streams at once through each path until one fails the bar; empty: no scale phase")
@@ -133,7 +133,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var serveArgs []string
 	gvStrace := ""
 	if run["syscalls"] && *provisioner == "gvisor" {
-		gvStrace = filepath.Join(dir, "runsc-strace")
+		gvStrace = filepath.Join(cmp.Or(*syscallDir, dir), "runsc-strace")
 		wrapper, err := runscStraceWrapper(gvStrace)
 		if err != nil {
 			return err
