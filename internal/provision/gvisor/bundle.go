@@ -292,6 +292,9 @@ func commandView(binds []ociMount, tmpfs []string) []ociMount {
 		{Destination: jail.CommandView + "/tmp", Type: "tmpfs", Source: "tmpfs", Options: tmpfs},
 	}
 	for _, m := range binds {
+		if networkOnly[m.Destination] || strings.HasPrefix(m.Destination, "/etc/ssl/") {
+			continue
+		}
 		m.Destination = jail.CommandView + m.Destination
 		m.Options = slices.Clone(m.Options)
 		for i, o := range m.Options {
@@ -305,6 +308,15 @@ func commandView(binds []ociMount, tmpfs []string) []ociMount {
 		view = append(view, m)
 	}
 	return view
+}
+
+// networkOnly are the jail's /etc entries that serve only the network,
+// which a confined command has none of: left out of the commands' view,
+// since each bind costs the sandbox's start a gofer mount (ADR 0985).
+var networkOnly = map[string]bool{
+	"/etc/resolv.conf": true, "/etc/hosts": true, "/etc/host.conf": true, "/etc/gai.conf": true,
+	"/etc/services": true, "/etc/protocols": true, "/etc/ssl": true, "/etc/ca-certificates": true,
+	"/etc/ca-certificates.conf": true, "/run/cohort/ca-bundle.pem": true,
 }
 
 // noCertDir is the sandbox's SSL_CERT_DIR: no directory.

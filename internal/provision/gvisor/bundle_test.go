@@ -26,7 +26,7 @@ func TestBundleHoldsTheJailsView(t *testing.T) {
 	spec := jail.Spec{
 		Argv: []string{"/run/cohort/bin/cohort", "intern", "--listen-fd", "3", "--secret-fd", "4"},
 		Env:  []string{"PATH=/usr/bin"}, Dir: "/intern",
-		Binds: []jail.Bind{{Src: "/usr", Dst: "/usr"}, {Src: host, Dst: "/opt/x"},
+		Binds: []jail.Bind{{Src: "/usr", Dst: "/usr"}, {Src: host, Dst: "/opt/x"}, {Src: kek, Dst: "/etc/resolv.conf"},
 			{Src: filepath.Join(hidden, "interns", "i1"), Dst: "/intern", Writable: true}},
 		Files:  []jail.File{{Dst: "/etc/passwd", Content: "intern:x:2000:2000::/intern/home:/bin/sh\n"}},
 		Hide:   []string{hidden, kek},
@@ -97,6 +97,9 @@ func TestBundleHoldsTheJailsView(t *testing.T) {
 	}
 	if view["/tmp"].Type != "tmpfs" || !slices.Contains(view["/tmp"].Options, "size=67108864") || view["/dev"].Type != "devtmpfs" {
 		t.Errorf("the commands' view's /tmp %+v, /dev %+v", view["/tmp"], view["/dev"])
+	}
+	if _, ok := view["/etc/resolv.conf"]; ok {
+		t.Errorf("the commands' view holds the network's /etc/resolv.conf: a confined command has no network")
 	}
 	if _, ok := view["/proc"]; ok || len(view) != 8 {
 		t.Errorf("the commands' view holds %v", slices.Sorted(maps.Keys(view)))
