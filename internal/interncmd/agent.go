@@ -60,10 +60,10 @@ func Agent(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	defer stopTracing()
 	log.Info("agent: starting", "model", cfg.Model, "base_url", redactURL(cfg.BaseURL), "api_key_set", cfg.APIKey != "",
 		"model_socket", *modelSocket, "state_dir", cfg.StateDir)
-	// Whether commands can run confined is probed beside the start, not
-	// before it: the probe makes a jail (38 ms of a gVisor sandbox's wake,
-	// measured), and only a confined command needs its answer.
-	go func() { log.Info("agent: command sandbox", "available", sandbox.Available()) }()
+	// Whether commands can run confined is not probed at start: the probe
+	// makes a jail (38 ms of a gVisor sandbox's wake, measured), and a
+	// confined command that cannot get its jail says so itself
+	// (sandbox.ErrUnavailable).
 	err = builtinagent.Serve(ctx, cfg, stdin, stdout)
 	if err == context.Canceled {
 		return nil
