@@ -227,6 +227,22 @@ func run(t *testing.T, userNS bool) (report, string) {
 			c.Close()
 		}
 	}()
+	r := awaitReport(t, j, out, errf)
+	select {
+	case <-dialed:
+		t.Error("a connection from inside the jail reached a listener of the host")
+	default:
+	}
+	if _, err := os.Stat(filepath.Join(work, "out")); err != nil {
+		t.Errorf("the writable bind was not written: %v", err)
+	}
+	return r, host
+}
+
+// awaitReport waits for the jail's program and decodes the report it wrote
+// to out (its stderr in errf).
+func awaitReport(t *testing.T, j *jail.Jail, out, errf *os.File) report {
+	t.Helper()
 	select {
 	case <-j.Done():
 	case <-time.After(30 * time.Second):
@@ -243,15 +259,7 @@ func run(t *testing.T, userNS bool) (report, string) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("report %q: %v (%s)", b, err, e)
 	}
-	select {
-	case <-dialed:
-		t.Error("a connection from inside the jail reached a listener of the host")
-	default:
-	}
-	if _, err := os.Stat(filepath.Join(work, "out")); err != nil {
-		t.Errorf("the writable bind was not written: %v", err)
-	}
-	return r, host
+	return r
 }
 
 func needNamespaces(t *testing.T) {

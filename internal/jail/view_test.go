@@ -1,14 +1,12 @@
 package jail_test
 
 import (
-	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -85,22 +83,7 @@ func TestJailView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-j.Done():
-	case <-time.After(30 * time.Second):
-		j.Process.Kill()
-		t.Fatal("the jail did not finish")
-	}
-	st, _ := j.Wait()
-	b, _ := os.ReadFile(out.Name())
-	e, _ := os.ReadFile(errf.Name())
-	if !st.Success() {
-		t.Fatalf("jail exited %v: %s%s", st, b, e)
-	}
-	var r report
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatalf("report %q: %v (%s)", b, err, e)
-	}
+	r := awaitReport(t, j, out, errf)
 	if r.UID != 0 || r.CapGet != 0 || r.BoundSysAdmin {
 		t.Errorf("uid %d, effective capabilities %#x, CAP_SYS_ADMIN bounded %v: want uid 0 of the jail with none and none to get back", r.UID, r.CapGet, r.BoundSysAdmin)
 	}

@@ -85,7 +85,11 @@ var (
 // Available reports whether confined runs can be made here (checked once).
 func Available() bool {
 	probeOnce.Do(func() {
-		probeErr = jail.Probe(confinedJail(jail.Spec{Inherit: true, UserNS: true}, ""))
+		spec := jail.Spec{Inherit: true, UserNS: true}
+		if underView() {
+			spec = inView(spec, "")
+		}
+		probeErr = jail.Probe(spec)
 	})
 	return probeErr == nil
 }
@@ -228,17 +232,13 @@ func confinedSpec(s Spec) (spec jail.Spec, done func(), err error) {
 	if err != nil {
 		return spec, done, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	spec = confinedJail(spec, "/tmp/"+filepath.Base(tmp))
+	spec = inView(spec, "/tmp/"+filepath.Base(tmp))
 	return spec, func() { os.RemoveAll(tmp) }, nil
 }
 
-// confinedJail turns spec into one that enters the gVisor sandbox's view of
-// commands where there is one (its binds are the view's), with TMPDIR set
-// when tmp is named.
-func confinedJail(spec jail.Spec, tmp string) jail.Spec {
-	if !underView() {
-		return spec
-	}
+// inView turns spec into one that enters the gVisor sandbox's view of
+// commands (its binds are the view's), with TMPDIR set when tmp is named.
+func inView(spec jail.Spec, tmp string) jail.Spec {
 	spec.View, spec.Binds = jail.CommandView, nil
 	if tmp != "" {
 		spec.Env = append(slices.DeleteFunc(spec.Env, func(kv string) bool { return strings.HasPrefix(kv, "TMPDIR=") }), "TMPDIR="+tmp)
