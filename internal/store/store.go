@@ -89,7 +89,12 @@ func OpenSQLiteSync(ctx context.Context, path, synchronous string) (*bun.DB, err
 		}
 		defer unlock()
 	}
-	dsn := "file:" + path + "?_pragma=foreign_keys(1)&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(" + synchronous + ")"
+	// Write transactions begin IMMEDIATE: another process on the same file
+	// (a second gateway, `cohort` commands, tests) makes a deferred
+	// transaction that read first fail at its first write with SQLITE_BUSY
+	// at once (its snapshot is stale; the busy handler is not consulted).
+	// Taking the write lock at BEGIN waits in the busy handler instead.
+	dsn := "file:" + path + "?_pragma=foreign_keys(1)&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(" + synchronous + ")&_txlock=immediate"
 	sqldb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)

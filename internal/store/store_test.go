@@ -229,3 +229,54 @@ func TestSQLiteReadPool(t *testing.T) {
 		}
 	}
 }
+
+// A transaction that reads and then writes, while another process (here
+// another handle on the same file) writes in between, commits: it holds
+// the write lock from BEGIN, so the other writer waits for it instead of
+// leaving it with a stale snapshot and SQLITE_BUSY at its first write.
+func TestSQLiteReadThenWriteBesideAnotherWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := t.TempDir() + "/cohort.db"
+	open := func() *bun.DB {
+		db, err := store.OpenSQLite(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	a, b := open(), open()
+	if _, err := a.ExecContext(ctx, "CREATE TABLE t (n INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	other := make(chan error, 1)
+	err := a.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil {
+			return err
+		}
+		go func() {
+			_, err := b.ExecContext(ctx, "INSERT INTO t VALUES (2)")
+			other <- err
+		}()
+		// Give the other writer time to commit if nothing stops it.
+		select {
+		case err := <-other:
+			other <- err
+		case <-time.After(300 * time.Millisecond):
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (1)")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("read-then-write transaction: %v", err)
+	}
+	if err := <-other; err != nil {
+		t.Fatalf("the other writer: %v", err)
+	}
+	var n int
+	if err := a.QueryRowContext(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("rows %d, %v; want 2", n, err)
+	}
+}
