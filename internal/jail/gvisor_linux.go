@@ -1,6 +1,7 @@
 package jail
 
 import (
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -22,6 +23,9 @@ var UnderGVisor = sync.OnceValue(func() bool {
 	if unix.Uname(&u) != nil {
 		return false
 	}
-	return unix.ByteSliceToString(u.Release[:]) == "4.4.0" &&
+	// Debian's 2022 release says 4.4.0; later ones 4.19.0-gvisor (and may
+	// move the number). The version string is the same in both.
+	release := unix.ByteSliceToString(u.Release[:])
+	return (release == "4.4.0" || strings.HasSuffix(release, "-gvisor")) &&
 		unix.ByteSliceToString(u.Version[:]) == "#1 SMP Sun Jan 10 15:06:54 PST 2016"
 })
