@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/agents"
 	"github.com/cohort-dev/cohort/internal/builtinagent/agenttest"
 	"github.com/cohort-dev/cohort/internal/egress"
+	"github.com/cohort-dev/cohort/internal/testing/gvisortest"
 	"github.com/cohort-dev/cohort/internal/testing/testutil"
 )
 
@@ -23,22 +23,18 @@ import (
 // the quick start's turn and sandboxed command, and gVisor's own kernel
 // answering dmesg.
 
-// needRunsc fails where runsc should be (CI installs it: .ci/run) and
-// skips, saying so, elsewhere.
-func needRunsc(t *testing.T) {
+// gvisorArgs are a gateway's flags for interns under gVisor: the runsc
+// pinned in tools/gvisor (systrap), or the test fails in CI and is skipped
+// elsewhere (gvisortest).
+func gvisorArgs(t *testing.T, more ...string) []string {
 	t.Helper()
-	if _, err := exec.LookPath("runsc"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("runsc (Debian package runsc) is not installed: %v", err)
-		}
-		t.Skipf("SKIPPING: runsc (Debian package runsc) is not installed: %v", err)
-	}
+	return append([]string{"--provisioner", "gvisor", "--gvisor-runsc", gvisortest.Runsc(t)}, more...)
 }
 
 func TestEscapeGVisor(t *testing.T) {
-	needRunsc(t)
+	args := gvisorArgs(t)
 	t.Parallel()
-	tg := newTarget(t, "", "--provisioner", "gvisor")
+	tg := newTarget(t, "", args...)
 	// The intern's kernel is gVisor's: its boot log, not the host's.
 	if out := tg.run(t, "self-drive", "dmesg | head -1", true); !strings.Contains(out, "Starting gVisor") {
 		t.Errorf("dmesg in a gvisor intern:\n%s", tail(out, 2000))
@@ -92,10 +88,25 @@ func TestEscapeGVisor(t *testing.T) {
 // commands (ADR 0985): read-only, the intern's directory included, no
 // network, no /proc, a /tmp of its own; allowed always, it runs in the
 // intern's sandbox.
+//
+// It runs on the pinned runsc (systrap) and on Debian's package (ptrace),
+// the one `apt-get install runsc` gives a fresh machine.
 func TestQuickStartGVisor(t *testing.T) {
-	needRunsc(t)
 	t.Parallel()
-	gw, wk, in := quickStart(t, "--provisioner", "gvisor")
+	t.Run("pinned", func(t *testing.T) {
+		args := gvisorArgs(t)
+		t.Parallel()
+		quickStartGVisor(t, args)
+	})
+	t.Run("debian", func(t *testing.T) {
+		args := []string{"--provisioner", "gvisor", "--gvisor-runsc", gvisortest.Debian(t)}
+		t.Parallel()
+		quickStartGVisor(t, args)
+	})
+}
+
+func quickStartGVisor(t *testing.T, args []string) {
+	gw, wk, in := quickStart(t, args...)
 	ask := func(command string) *stream {
 		p := readAll(t, chat(t, gw, wk, in, user("$ "+command, `"approval_mode":"manual"`)))
 		if p.Finish != "tool_calls" {
@@ -134,10 +145,10 @@ func TestQuickStartGVisor(t *testing.T) {
 // by nothing of the intern's; what the intern writes stays within its
 // memory limit, or the sandbox is ended at it (ADR 0981).
 func TestEscapeSocketBuffersGVisor(t *testing.T) {
-	needRunsc(t)
+	args := gvisorArgs(t, "--log-level", "info", "--intern-memory", "256MiB")
 	t.Parallel()
 	const limit = 256 << 20
-	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info", "--intern-memory", "256MiB")
+	c, gw := newCluster(t, "", args...)
 	tg := &target{c: c, gw: gw}
 	tg.waitRunning(t, c.Demo)
 	before := hostTCPMem(t)
@@ -195,10 +206,10 @@ func TestEscapeSocketBuffersGVisor(t *testing.T) {
 // once and an http_request with a bound secret each; the full matrix runs
 // under the namespace jail (TestThirdPartyAgents).
 func TestThirdPartyAgentsGVisor(t *testing.T) {
-	needRunsc(t)
+	args := gvisorArgs(t)
 	for _, p := range agents.All() {
 		t.Run(p.Name, func(t *testing.T) {
-			a := newAgentGateway(t, p, "--provisioner", "gvisor")
+			a := newAgentGateway(t, p, args...)
 			s := a.turn(t, "cohort-say: hello from gvisor")
 			if s.Finish != "stop" || !strings.Contains(s.Text, "echo: hello from gvisor") || s.Session == nil {
 				for _, turn := range a.model.Turns() {
@@ -280,9 +291,9 @@ time.sleep(5)' 2>&1`
 // and logged, the gateway's descriptors stay bounded, and a neighbour
 // keeps answering (ADR 0984).
 func TestEscapeRelayCapGVisor(t *testing.T) {
-	needRunsc(t)
+	args := gvisorArgs(t, "--log-level", "info")
 	t.Parallel()
-	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info")
+	c, gw := newCluster(t, "", args...)
 	tg := &target{c: c, gw: gw}
 	neighbour := createIntern(t, gw, c.MK, c.WS, "neighbour")
 	tg.waitRunning(t, c.Demo)
@@ -349,10 +360,10 @@ func TestEscapeRelayCapGVisor(t *testing.T) {
 // takes the Sentry) and the intern answers on its next turn. A neighbour's
 // turns keep answering throughout (ADR 0981, 0984).
 func TestEscapeLimitsGVisor(t *testing.T) {
-	needRunsc(t)
-	t.Parallel()
-	c, gw := newCluster(t, "", "--provisioner", "gvisor", "--log-level", "info", "--turn-rate", "10000/m",
+	args := gvisorArgs(t, "--log-level", "info", "--turn-rate", "10000/m",
 		"--intern-memory", "1GiB", "--intern-max-processes", "512", "--intern-disk", "256MiB", "--intern-tmpfs", "64MiB")
+	t.Parallel()
+	c, gw := newCluster(t, "", args...)
 	tg := &target{c: c, gw: gw}
 	neighbour := createIntern(t, gw, c.MK, c.WS, "neighbour")
 	tg.waitRunning(t, c.Demo)
@@ -465,14 +476,14 @@ func TestEscapeLimitsGVisor(t *testing.T) {
 // streams the upstream's answer, the upstream gets the real key in place
 // of the placeholder, and the agent says at start which socket it dials.
 func TestModelSocketGVisor(t *testing.T) {
-	needRunsc(t)
+	args := gvisorArgs(t, "--log-level", "info")
 	t.Parallel()
 	key := randomCanary("model-key")
 	up := agenttest.NewUpstream(t)
 	dataDir := t.TempDir()
 	c := &cluster{dataDir: dataDir, dbArgs: []string{"--data-dir", dataDir}}
 	gw := c.GatewayEnv(t, []string{"COHORT_AGENT_BASE_URL=" + up.BaseURL(), "COHORT_AGENT_API_KEY=" + key},
-		"--provisioner", "gvisor", "--log-level", "info")
+		args...)
 	c.load(t)
 	in := createInternWith(t, gw, c.MK, `{"workspace_id":"`+c.WS+`","name":"upstream","model":"`+upModel+`"}`)["id"]
 	(&target{c: c, gw: gw}).waitRunning(t, in)

@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cohort-dev/cohort/internal/jail"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
@@ -42,7 +44,8 @@ type Backend struct {
 	// same settings (DataDir, Command, Agents, Jail), whose DaemonJail it
 	// is; that backend itself starts nothing.
 	Jail *localjail.Backend
-	// Runsc is the runsc binary; Platform its --platform (ptrace).
+	// Runsc is the runsc binary; Platform its --platform (empty: runsc's
+	// own default, systrap since 2023, ptrace on Debian's 2022 release).
 	Runsc, Platform string
 	// Init is the host path of the sandboxes' init: a binary that links
 	// this package (the gateway's own; default: this executable).
@@ -112,12 +115,8 @@ func (b *Backend) containerID(id string) string {
 
 // runsc is a runsc command on this backend's state.
 func (b *Backend) runsc(args ...string) *exec.Cmd {
-	platform := b.Platform
-	if platform == "" {
-		platform = "ptrace"
-	}
-	all := append([]string{"--root", b.stateDir(), "--platform", platform, "--network=none", "--host-uds=all"}, args...)
-	return exec.Command(b.Runsc, all...)
+	all := append(platformArgs(b.Platform), "--root", b.stateDir(), "--network=none", "--host-uds=all")
+	return exec.Command(b.Runsc, append(all, args...)...)
 }
 
 // Open ends the sandboxes a previous gateway left: their relays were that
@@ -437,6 +436,12 @@ func (b *Backend) Close() {
 		}()
 	}
 	wg.Wait()
+	// Releases since 2023 pin an empty network namespace for their gofers
+	// by a bind mount in the state directory, which would keep the data
+	// directory from being removed; it is made again on the next start.
+	// (Mounts may stack when sandboxes started at once: undo them all.)
+	for unix.Unmount(filepath.Join(b.stateDir(), "null-netns"), unix.MNT_DETACH) == nil {
+	}
 }
 
 // DaemonPID is the pid of the intern's `runsc run` on the host, or 0.

@@ -11,6 +11,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/gvisor"
 	"github.com/cohort-dev/cohort/internal/provision/localjail"
+	"github.com/cohort-dev/cohort/internal/testing/gvisortest"
 	"github.com/cohort-dev/cohort/internal/testing/provisiontest"
 )
 
@@ -20,29 +21,18 @@ func TestBackendConformance(t *testing.T) {
 	provisiontest.Run(t, func(t *testing.T) provisiontest.Host { return newHost(t) })
 }
 
-// needRunsc fails the test where runsc should be (CI installs it) and
-// skips it, saying so, elsewhere.
-func needRunsc(t *testing.T) {
-	t.Helper()
-	if err := gvisor.CheckRunsc("runsc", "ptrace"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("SKIPPING: %v", err)
-	}
-}
-
 // host is this machine, its interns in gVisor sandboxes that end with
 // their gateway (ADR 0981).
 type host struct {
 	dataDir, bin string
+	runsc        string
 	jail         *localjail.JailConfig
 }
 
 func newHost(t *testing.T) provisiontest.Host {
-	needRunsc(t)
+	runsc := gvisortest.Runsc(t)
 	dir := t.TempDir()
-	h := &host{dataDir: dir, bin: provisiontest.InternBinary(t)}
+	h := &host{dataDir: dir, bin: provisiontest.InternBinary(t), runsc: runsc}
 	relay, err := egress.New(egress.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +46,7 @@ func newHost(t *testing.T) provisiontest.Host {
 }
 
 func (h *host) Backend(*testing.T) provision.Backend {
-	return &gvisor.Backend{Jail: &localjail.Backend{DataDir: h.dataDir, Command: []string{h.bin}, Jail: h.jail}, Runsc: "runsc"}
+	return &gvisor.Backend{Jail: &localjail.Backend{DataDir: h.dataDir, Command: []string{h.bin}, Jail: h.jail}, Runsc: h.runsc}
 }
 
 func (h *host) Kept(id string) bool {

@@ -35,7 +35,7 @@ func (kind) Usage() string {
 func (kind) Flags(fs *flag.FlagSet) provision.Setup {
 	s := &setup{jailFlags: localjail.JailFlagsOn(fs)}
 	config.StringVar(fs, &s.runsc, "gvisor-runsc", "runsc", "with --provisioner gvisor, the runsc binary (Debian: apt-get install "+Package+")")
-	config.StringVar(fs, &s.platform, "gvisor-platform", "ptrace", "with --provisioner gvisor, runsc's --platform: ptrace (works everywhere) or kvm (needs /dev/kvm)")
+	config.StringVar(fs, &s.platform, "gvisor-platform", "", "with --provisioner gvisor, runsc's --platform (default: runsc's own: systrap on releases since 2023, ptrace on Debian's 2022 one); kvm needs /dev/kvm")
 	return s
 }
 
@@ -59,30 +59,69 @@ func (s *setup) Check(config.Config) error {
 	if err := s.jailFlags.Check(); err != nil {
 		return err
 	}
-	return CheckRunsc(s.runsc, s.platform)
+	platform, err := CheckRunsc(s.runsc, s.platform)
+	s.platform = platform
+	return err
 }
 
-// CheckRunsc checks that runsc is there and starts a sandbox on platform.
-func CheckRunsc(runsc, platform string) error {
+// platformArgs is runsc's --platform flag, none for runsc's own default.
+func platformArgs(platform string) []string {
+	if platform == "" {
+		return nil
+	}
+	return []string{"--platform", platform}
+}
+
+// CheckRunsc checks that runsc is there and starts a sandbox on platform,
+// and returns the platform (for an empty one, runsc's default, which the
+// release decides: systrap since 2023, ptrace on Debian's 2022 one).
+func CheckRunsc(runsc, platform string) (string, error) {
 	path, err := exec.LookPath(runsc)
 	if err != nil {
-		return fmt.Errorf("--provisioner gvisor needs runsc (gVisor), which is not installed (%v): install it (Debian: apt-get install %s), or set --gvisor-runsc", err, Package)
+		return "", fmt.Errorf("--provisioner gvisor needs runsc (gVisor), which is not installed (%v): install it (Debian: apt-get install %s), or set --gvisor-runsc", err, Package)
 	}
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("--provisioner gvisor runs runsc, which needs root here: run the gateway as root (runsc %s)", path)
+		return "", fmt.Errorf("--provisioner gvisor runs runsc, which needs root here: run the gateway as root (runsc %s)", path)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if platform == "" {
+		platform = defaultPlatform(ctx, path)
 	}
 	dir, err := os.MkdirTemp("", "cohort-gvisor-check-")
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "--root", dir, "--platform", platform, "--network=none", "do", "/bin/true")
+	cmd := exec.CommandContext(ctx, path, append(platformArgs(platform), "--root", dir, "--network=none", "do", "/bin/true")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("--provisioner gvisor: runsc (%s, package %s) could not start a sandbox on the %s platform: %v: %s", path, Package, platform, err, strings.TrimSpace(string(out)))
+		return "", fmt.Errorf("--provisioner gvisor: runsc (%s, package %s) could not start a sandbox on the %s platform: %v: %s", path, Package, or(platform, "default"), err, strings.TrimSpace(string(out)))
 	}
-	return nil
+	return platform, nil
+}
+
+// defaultPlatform reads runsc's default --platform from its flag list
+// (`-platform string … (default "systrap")`); empty if it does not say.
+func defaultPlatform(ctx context.Context, runsc string) string {
+	out, _ := exec.CommandContext(ctx, runsc, "flags").CombinedOutput()
+	_, rest, ok := strings.Cut(string(out), "-platform string")
+	if !ok {
+		return ""
+	}
+	line, _, _ := strings.Cut(strings.TrimLeft(rest, "\n"), "\n")
+	_, def, ok := strings.Cut(line, `(default "`)
+	if !ok {
+		return ""
+	}
+	def, _, _ = strings.Cut(def, `"`)
+	return def
+}
+
+func or(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
 }
 
 func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) {
@@ -91,6 +130,7 @@ func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
+	env.Log.Info("gvisor sandboxes", "runsc", s.runsc, "platform", s.platform)
 	s.binary = s.jailFlags.Binary(ctx, self, env.Log)
 	if err := os.MkdirAll(cfg.Store.DataDir, 0o700); err != nil {
 		return nil, err

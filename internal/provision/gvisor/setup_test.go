@@ -10,6 +10,7 @@ import (
 	"github.com/cohort-dev/cohort/internal/config"
 	"github.com/cohort-dev/cohort/internal/provision"
 	"github.com/cohort-dev/cohort/internal/provision/gvisor"
+	"github.com/cohort-dev/cohort/internal/testing/gvisortest"
 )
 
 // --provisioner gvisor fails closed at Check, before anything is written,
@@ -41,5 +42,23 @@ func TestCheckFailsClosed(t *testing.T) {
 	}
 	if err := s.Check(config.Config{}); err == nil {
 		t.Error("--unsafe-shared-host with --provisioner gvisor is not refused")
+	}
+}
+
+// With no --gvisor-platform the sandbox runs on runsc's own default, which
+// the check reads and reports: systrap for the pinned release, ptrace for
+// Debian's 2022 package; a platform named is used as named.
+func TestCheckRunscPlatform(t *testing.T) {
+	t.Parallel()
+	for runsc, want := range map[string]string{gvisortest.Runsc(t): "systrap", gvisortest.Debian(t): "ptrace"} {
+		if got, err := gvisor.CheckRunsc(runsc, ""); err != nil || got != want {
+			t.Errorf("%s: platform %q, %v; want %q", runsc, got, err, want)
+		}
+	}
+	if got, err := gvisor.CheckRunsc(gvisortest.Runsc(t), "ptrace"); err != nil || got != "ptrace" {
+		t.Errorf("pinned runsc on ptrace: %q, %v", got, err)
+	}
+	if _, err := gvisor.CheckRunsc(gvisortest.Debian(t), "systrap"); err == nil || !strings.Contains(err.Error(), "systrap platform") {
+		t.Errorf("Debian's runsc on systrap: %v, want a refusal naming the platform", err)
 	}
 }

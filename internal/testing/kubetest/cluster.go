@@ -13,12 +13,10 @@
 package kubetest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -32,7 +30,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +38,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/cohort-dev/cohort/internal/testing/gotool"
 )
 
 const module = "github.com/cohort-dev/cohort"
@@ -515,120 +514,10 @@ func binaries(t testing.TB) (api, etcd string) {
 		}
 		t.Skipf("!!! SKIPPING Kubernetes test: kube-apiserver/etcd unavailable: %v (%s; set COHORT_REQUIRE_KUBERNETES=1 to fail instead)", err, how)
 	}
-	root, err := repoRoot()
+	paths, err := gotool.Build("kube", nil, "kube-apiserver", "go.etcd.io/etcd/server/v3")
 	if err != nil {
 		fail(err)
 	}
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		fail(err)
-	}
-	// Test binaries of several packages run at once under `go test ./...`: one builds while
-	// the others wait on this lock, then find the build cached (two builds at once on a small
-	// machine each took longer than the suite's timeout).
-	unlock, err := buildLock(t)
-	if err != nil {
-		fail(err)
-	}
-	defer unlock()
-	build := func(tool string) string {
-		cmd := exec.Command(gobin, "tool", "-modfile="+filepath.Join(root, "tools", "kube", "go.mod"), "-n", tool)
-		cmd.Dir = root
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		start := time.Now()
-		stop := progress(3*time.Second, 30*time.Second, func() {
-			fmt.Fprintf(os.Stderr, "kubetest: building %s into the Go build cache (%s so far; the first build on a machine takes minutes)\n",
-				tool, time.Since(start).Round(time.Second))
-		})
-		out, err := cmd.Output()
-		stop()
-		if err != nil {
-			fail(fmt.Errorf("go tool -n %s: %v: %s", tool, err, strings.TrimSpace(stderr.String())))
-		}
-		path := strings.TrimSpace(string(out))
-		if _, err := os.Stat(path); err != nil {
-			fail(fmt.Errorf("go tool -n %s: %v", tool, err))
-		}
-		return path
-	}
-	bins.api = build("kube-apiserver")
-	bins.etcd = build("go.etcd.io/etcd/server/v3")
+	bins.api, bins.etcd = paths[0], paths[1]
 	return bins.api, bins.etcd
-}
-
-// buildLock takes a lock shared by every process of this machine's user, in the Go build
-// cache's directory, printing while it waits for another test binary's build.
-func buildLock(t testing.TB) (unlock func(), err error) {
-	dir, err := exec.Command("go", "env", "GOCACHE").Output()
-	if err != nil {
-		return nil, fmt.Errorf("go env GOCACHE: %w", err)
-	}
-	path := filepath.Join(strings.TrimSpace(string(dir)), "cohort-kubetest.lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-		start := time.Now()
-		stop := progress(0, 30*time.Second, func() {
-			fmt.Fprintf(os.Stderr, "kubetest: waiting for another test binary building kube-apiserver and etcd (%s so far)\n",
-				time.Since(start).Round(time.Second))
-		})
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		stop()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-	}
-	return func() { f.Close() }, nil
-}
-
-// progress calls say after first, then every period, until stop is called (stderr, so that a
-// run of one package shows it as it happens, not when the test ends).
-func progress(first, period time.Duration, say func()) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		timer := time.NewTimer(first)
-		defer timer.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-timer.C:
-				say()
-				timer.Reset(period)
-			}
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done) }) }
-}
-
-// repoRoot walks up from the working directory (a test's package directory) to the go.mod of
-// this module.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if f, err := os.Open(filepath.Join(dir, "go.mod")); err == nil {
-			s := bufio.NewScanner(f)
-			s.Scan()
-			f.Close()
-			if strings.TrimSpace(strings.TrimPrefix(s.Text(), "module")) == module {
-				if _, err := os.Stat(filepath.Join(dir, "tools", "kube", "go.mod")); err != nil {
-					return "", err
-				}
-				return dir, nil
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod of " + module + " above the working directory")
-		}
-		dir = parent
-	}
 }
