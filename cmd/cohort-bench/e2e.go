@@ -56,6 +56,7 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	scaleChunks := fs.Int("scale-chunks", 100, "chunks of each stream of the scale phase")
 	scaleInterval := fs.Duration("scale-interval", 20*time.Millisecond, "the model's pace in the scale phase (20ms: 50 tokens/s)")
 	scaleRamp := fs.Duration("scale-ramp", time.Second, "the scale phase's streams start spread over this time")
+	runsc, gvisorServe := gvisorFlags(fs)
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -132,13 +133,16 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var serveArgs []string
 	gvStrace := ""
-	if run["syscalls"] && *provisioner == "gvisor" {
-		gvStrace = filepath.Join(cmp.Or(*syscallDir, dir), "runsc-strace")
-		wrapper, err := runscStraceWrapper(gvStrace)
-		if err != nil {
-			return err
+	if *provisioner == "gvisor" {
+		if run["syscalls"] {
+			gvStrace = filepath.Join(cmp.Or(*syscallDir, dir), "runsc-strace")
+			wrapper, err := runscStraceWrapper(*runsc, gvStrace)
+			if err != nil {
+				return err
+			}
+			*runsc = wrapper
 		}
-		serveArgs = []string{"--gvisor-runsc", wrapper}
+		serveArgs = gvisorServe()
 	}
 	c, err := startCohortPath(ctx, cohort, dir, *provisioner, mock.url, *profDir, logs, stderr, serveArgs...)
 	if err != nil {

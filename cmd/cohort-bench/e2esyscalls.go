@@ -289,12 +289,12 @@ func countTrace(path string) (map[string]int, error) {
 }
 
 // runscStraceWrapper writes a runsc for the gateway (--gvisor-runsc) that
-// runs the installed one with --debug --strace, its logs in dir: every
-// system call of the sandboxed programs, for counting. Measurement only,
-// and the bench's own: the logs hold the calls' arguments, the bytes of
-// reads and writes in part, so no gateway setting turns it on.
-func runscStraceWrapper(dir string) (string, error) {
-	runsc, err := exec.LookPath("runsc")
+// runs the given one with --debug --strace, its logs in dir: every system
+// call of the sandboxed programs, for counting. Measurement only, and the
+// bench's own: the logs hold the calls' arguments, the bytes of reads and
+// writes in part, so no gateway setting turns it on.
+func runscStraceWrapper(runsc, dir string) (string, error) {
+	runsc, err := exec.LookPath(runsc)
 	if err != nil {
 		return "", fmt.Errorf("syscalls phase under gvisor: %w", err)
 	}

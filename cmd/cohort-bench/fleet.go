@@ -39,6 +39,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	unsafe := fs.Bool("unsafe-shared-host", false, "run the interns unjailed (to compare)")
 	provisioner := fs.String("provisioner", "local", "local (jails) or gvisor (gVisor sandboxes, runsc)")
 	internBin := fs.String("intern-binary", "", "the gateway's --intern-binary: what interns run from (the cohort binary itself, to compare); default: cohort-intern beside the cohort binary if it is there, else the cohort binary")
+	_, gvisorServe := gvisorFlags(fs)
 	cohortPath := cohortFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -57,6 +58,9 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		"--provisioner", *provisioner, "--intern-idle-timeout", "1h", "--intern-start-concurrency", "8", "--turn-rate", "100000/s"}
 	if *dbURL != "" {
 		serveArgs = append(serveArgs, "--database-url", *dbURL)
+	}
+	if *provisioner == "gvisor" {
+		serveArgs = append(serveArgs, gvisorServe()...)
 	}
 	if *internBin != "" {
 		serveArgs = append(serveArgs, "--intern-binary", *internBin)

@@ -103,6 +103,20 @@ func cohortFlag(fs *flag.FlagSet) *string {
 	return fs.String("cohort", "", "the cohort binary to measure (default: go build ./cmd/cohort into a temporary directory)")
 }
 
+// gvisorFlags are the gateway's runsc and platform under --provisioner
+// gvisor; the returned function gives serve's flags for them.
+func gvisorFlags(fs *flag.FlagSet) (runsc *string, serve func() []string) {
+	runsc = fs.String("gvisor-runsc", "runsc", "with --provisioner gvisor, the gateway's runsc (Debian's on PATH; the pinned release: CGO_ENABLED=0 go tool -modfile=tools/gvisor/go.mod -n gvisor.dev/gvisor/runsc)")
+	platform := fs.String("gvisor-platform", "", "with --provisioner gvisor, runsc's --platform (default: runsc's own)")
+	return runsc, func() []string {
+		args := []string{"--gvisor-runsc", *runsc}
+		if *platform != "" {
+			args = append(args, "--gvisor-platform", *platform)
+		}
+		return args
+	}
+}
+
 // cohortBinary returns the cohort binary to run: path when set, else one
 // built from this module's ./cmd/cohort into dir (the go command must be
 // on PATH and the working directory inside the module).
