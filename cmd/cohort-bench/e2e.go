@@ -321,7 +321,12 @@ func benchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		for _, t := range pacedTargets {
 			var parts []string
 			total := 0.0
+			seen := map[string]bool{}
 			for _, p := range procs {
+				if seen[p.name] {
+					continue // several processes of one name (gVisor's stubs): counted together
+				}
+				seen[p.name] = true
 				v := float64(pruns[t][p.name]) / float64(chunks)
 				if slices.Contains(t.own, p.name) {
 					total += v

@@ -6,13 +6,15 @@
 # cache) and warm (the cache of the cold runs). Prints one line per run and the
 # medians.
 #
-#   tools/bench-tenant/run.sh COHORT_BINARY PROVISIONER [RUNS]
+#   tools/bench-tenant/run.sh COHORT_BINARY PROVISIONER [RUNS [SERVE_FLAGS...]]
+#   (e.g. --gvisor-runsc PATH)
 set -euo pipefail
 cohort=$1 provisioner=$2 runs=${3:-3}
+extra=("${@:4}")
 dir=$(mktemp -d /tmp/cohort-bench-tenant-XXXXXX)
 trap 'kill $gw 2>/dev/null; wait $gw 2>/dev/null; rm -rf "$dir"' EXIT
 "$cohort" serve --listen 127.0.0.1:0 --data-dir "$dir/data" --provisioner "$provisioner" \
-  --jail-orphan-timeout 0 --log-level error >"$dir/out" 2>"$dir/err" &
+  --jail-orphan-timeout 0 --log-level error "${extra[@]}" >"$dir/out" 2>"$dir/err" &
 gw=$!
 for _ in $(seq 300); do grep -q "listening on" "$dir/out" 2>/dev/null && break; sleep 0.1; done
 url=$(sed -n 's/.*listening on \(http[^ ]*\).*/\1/p' "$dir/out" | head -1)
