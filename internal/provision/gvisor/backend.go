@@ -436,10 +436,14 @@ func (b *Backend) Close() {
 		}()
 	}
 	wg.Wait()
-	// Releases since 2023 pin an empty network namespace for their gofers
-	// by a bind mount in the state directory, which would keep the data
-	// directory from being removed; it is made again on the next start.
-	// (Mounts may stack when sandboxes started at once: undo them all.)
+	b.unpinNetNS()
+}
+
+// unpinNetNS undoes what releases since 2023 leave in the state directory:
+// a bind mount pinning an empty network namespace for their gofers, which
+// would keep the data directory from being removed; runsc makes it again
+// on the next start. (Mounts stack when sandboxes start at once: all go.)
+func (b *Backend) unpinNetNS() {
 	for unix.Unmount(filepath.Join(b.stateDir(), "null-netns"), unix.MNT_DETACH) == nil {
 	}
 }

@@ -193,12 +193,17 @@ func (s *setup) WakeTimeout() time.Duration { return 0 }
 // Probe starts a sandbox as every intern's is started, whose program is
 // the daemon's binary's `version`: the init, the binds and runsc work
 // here. The error names the package.
-func (b *Backend) Probe(ctx context.Context) error {
+func (b *Backend) Probe(ctx context.Context) (err error) {
 	dir, err := os.MkdirTemp("", "cohort-gvisor-probe-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		// What runsc leaves mounted there (ADR 0997) would keep it.
+		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+			err = fmt.Errorf("gvisor probe: %w", rerr)
+		}
+	}()
 	pb := &Backend{Jail: &localjail.Backend{DataDir: dir, Command: b.Jail.Command, Agents: b.Jail.Agents, Jail: b.Jail.Jail},
 		Runsc: b.Runsc, Platform: b.Platform, Init: b.Init}
 	dj, err := pb.DaemonJail(provision.Spec{ID: "probe", Limits: config.InternLimits{}}, pb.internDir("probe"))
@@ -232,6 +237,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
 	out, err := cmd.CombinedOutput()
 	pb.destroy(cid)
+	pb.unpinNetNS()
 	if err != nil {
 		return fmt.Errorf("this machine cannot start interns' gVisor sandboxes (runsc, package %s): %v: %s", Package, err, strings.TrimSpace(string(out)))
 	}
