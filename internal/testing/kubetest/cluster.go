@@ -42,8 +42,6 @@ import (
 	"github.com/cohort-dev/cohort/internal/testing/gotool"
 )
 
-const module = "github.com/cohort-dev/cohort"
-
 // Cluster is a running etcd and kube-apiserver private to one test.
 type Cluster struct {
 	Config     *rest.Config         // admin (system:masters) over TLS with the server's CA
