@@ -107,6 +107,10 @@ func TestQuickStartGVisor(t *testing.T) {
 
 func quickStartGVisor(t *testing.T, args []string) {
 	gw, wk, in := quickStart(t, args...)
+	// The intern's kernel is gVisor's: its boot log, not the host's.
+	if r := readAll(t, chat(t, gw, wk, in, user("$ dmesg | head -1", `"approval_mode":"self-drive"`))); !strings.Contains(r.Text, "Starting gVisor") {
+		t.Errorf("dmesg in a gvisor intern: %q %q", r.Finish, r.Text)
+	}
 	ask := func(command string) *stream {
 		p := readAll(t, chat(t, gw, wk, in, user("$ "+command, `"approval_mode":"manual"`)))
 		if p.Finish != "tool_calls" {
