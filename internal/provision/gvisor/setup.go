@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -95,7 +96,7 @@ func CheckRunsc(runsc, platform string) (string, error) {
 	defer os.RemoveAll(dir)
 	cmd := exec.CommandContext(ctx, path, append(platformArgs(platform), "--root", dir, "--network=none", "do", "/bin/true")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("--provisioner gvisor: runsc (%s, package %s) could not start a sandbox on the %s platform: %v: %s", path, Package, or(platform, "default"), err, strings.TrimSpace(string(out)))
+		return "", fmt.Errorf("--provisioner gvisor: runsc (%s, package %s) could not start a sandbox on the %s platform: %v: %s", path, Package, cmp.Or(platform, "default"), err, strings.TrimSpace(string(out)))
 	}
 	return platform, nil
 }
@@ -115,13 +116,6 @@ func defaultPlatform(ctx context.Context, runsc string) string {
 	}
 	def, _, _ = strings.Cut(def, `"`)
 	return def
-}
-
-func or(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
 }
 
 func (s *setup) Prepare(ctx context.Context, env provision.Env) (func(), error) {
